@@ -1,0 +1,1 @@
+"""omniweb: a Django Channels serving layer for streaming speech and video models."""

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class OmniwebConfig(AppConfig):
+    name = "omniweb"
+    verbose_name = "omniweb runtime"

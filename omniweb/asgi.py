@@ -1,0 +1,29 @@
+"""ASGI entry point: HTTP through Django, WebSockets through the Channels router."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from django.conf import settings
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omniweb.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs Django set up)
+
+from omniweb.engine.runtime import get_engine_client  # noqa: E402
+from omniweb.routing import websocket_urlpatterns  # noqa: E402
+from omniweb.security import browser_origin_validator  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": browser_origin_validator(URLRouter(websocket_urlpatterns)),
+    }
+)
+
+if settings.ENGINE_PRELOAD:
+    # Load the models while the server starts, not on the first visitor's connection.
+    threading.Thread(target=get_engine_client, name="engine-preload", daemon=True).start()

@@ -1,0 +1,110 @@
+"""The driven-loop contract every engine loop follows.
+
+A loop never runs itself: the scheduler asks it for its next unit of work (``next``), runs that work
+on a device worker (possibly batched with other sessions' work of the same shape), then feeds the
+result back (``advance``). Because control returns to the scheduler between every two steps, any
+request can be cancelled there, and work from many requests can be interleaved and batched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+StateT = TypeVar("StateT")
+
+
+@dataclass(frozen=True)
+class ShapeSignature:
+    """Work units with equal signatures may run in one batched device call."""
+
+    kind: str
+    dims: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ResourceEstimate:
+    """What a step is expected to cost; used for ordering and admission, never trusted blindly."""
+
+    compute_seconds: float = 0.0
+    resident_bytes: int = 0
+
+
+@dataclass
+class StepResult:
+    """A step's output for ``advance`` plus the stream chunks it produced for the client."""
+
+    output: Any = None
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+    media_seconds: float = 0.0  # playable media the chunks carry: drives deadline-first ordering
+
+
+@dataclass
+class WorkPlan:
+    """One schedulable unit of work.
+
+    ``run`` computes the step alone; ``batch_run`` (shared by all plans of one shape signature)
+    computes several plans' steps in one call and returns one ``StepResult`` per plan, in order.
+    ``emits`` names the client streams the step feeds, so the scheduler can favour steps the
+    listener is waiting for.
+    """
+
+    kind: str
+    shape: ShapeSignature
+    estimate: ResourceEstimate
+    run: Callable[[], StepResult]
+    emits: tuple[str, ...] = ()
+    payload: Any = None
+    batch_run: Callable[[Sequence[WorkPlan]], list[StepResult]] | None = None
+    label: str = ""
+
+
+class Done:
+    """Returned by ``next`` when the loop has nothing left to do."""
+
+    __slots__ = ()
+
+
+class Waiting:
+    """Returned by ``next`` when the loop waits for an upstream loop of the same request."""
+
+    __slots__ = ()
+
+
+DONE = Done()
+WAITING = Waiting()
+
+
+class Loop(Protocol, Generic[StateT]):
+    """init(request, slots) → state; next(state) → plan | DONE | WAITING; advance; finalize.
+
+    ``slots`` is one dict per request shared by that request's loops: how an upstream loop (the
+    talker) hands its output to a downstream one (the vocoder). ``next`` and ``advance`` run under
+    the scheduler's lock and must stay cheap; the device work belongs in ``WorkPlan.run``.
+    """
+
+    name: str
+
+    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> StateT: ...
+
+    def next(self, state: StateT) -> WorkPlan | Done | Waiting: ...
+
+    def advance(self, state: StateT, result: StepResult) -> None: ...
+
+    def finalize(self, state: StateT) -> dict[str, Any]: ...
+
+
+class Pipeline(Protocol):
+    """The loops that serve one kind of request (e.g. talker → vocoder), in cascade order."""
+
+    name: str
+    loops: Sequence[Loop[Any]]
+
+    def validate(self, request: dict[str, Any]) -> None:
+        """Raise ``ValueError`` with a client-safe message when the request cannot be served."""
+        ...
+
+    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
+        """Fold the loops' finalize results into the fields of the request's final chunk."""
+        ...

@@ -1,0 +1,57 @@
+"""Process-wide engine: the model registry and the one scheduler that owns this process's devices."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from django.conf import settings
+
+from .client import EngineClient, LocalEngineClient
+from .contracts import Pipeline
+from .scheduler import Scheduler
+
+_factories: dict[str, Callable[[], Pipeline]] = {}
+_lock = threading.Lock()
+_scheduler: Scheduler | None = None
+_client: EngineClient | None = None
+
+
+def register_pipeline(name: str, factory: Callable[[], Pipeline]) -> None:
+    """Apps register their pipelines at start-up; models load only when the engine starts."""
+    _factories[name] = factory
+
+
+def get_scheduler() -> Scheduler:
+    global _scheduler
+    with _lock:
+        if _scheduler is None:
+            pipelines = {name: factory() for name, factory in _factories.items()}
+            sched = Scheduler(
+                pipelines,
+                workers=settings.ENGINE_WORKERS,
+                max_active=settings.ENGINE_MAX_ACTIVE,
+                max_queued=settings.ENGINE_MAX_QUEUED,
+                max_batch=settings.ENGINE_MAX_BATCH,
+            )
+            sched.start()
+            _scheduler = sched
+        return _scheduler
+
+
+def get_engine_client() -> EngineClient:
+    """The client the consumers use; the embedded default runs the scheduler in this process."""
+    global _client
+    if _client is None:
+        _client = LocalEngineClient(get_scheduler())
+    return _client
+
+
+def shutdown() -> None:
+    """Stop the workers (tests use this to prove nothing is left running)."""
+    global _scheduler, _client
+    with _lock:
+        if _scheduler is not None:
+            _scheduler.stop()
+        _scheduler = None
+        _client = None

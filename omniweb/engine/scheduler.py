@@ -1,0 +1,329 @@
+"""The scheduler: owns the device workers and steps every active request's loops.
+
+Worker threads share one lock-protected table of jobs. Each worker picks the most urgent ready work
+plan (earliest playback deadline first), gathers other ready plans with the same shape signature
+into a batch when the model can run them together, runs the batch outside the lock, then advances
+the loops and hands the emitted chunks to each request's sink. The asyncio event loop never runs
+device work: sinks only schedule a thread-safe put onto the session's queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .contracts import DONE, WAITING, Loop, Pipeline, StepResult, WorkPlan
+
+logger = logging.getLogger(__name__)
+
+Sink = Callable[[dict[str, Any]], None]
+
+
+class AdmissionError(RuntimeError):
+    """The engine's queue is full; the request was not accepted."""
+
+
+@dataclass(eq=False)
+class _Entry:
+    loop: Loop[Any]
+    state: Any
+    plan: WorkPlan | None = None
+    waiting: bool = False
+    busy: bool = False
+    done: bool = False
+
+
+@dataclass(eq=False)
+class _Job:
+    request_id: str
+    request: dict[str, Any]
+    pipeline: Pipeline
+    sink: Sink
+    submitted_at: float = field(default_factory=time.monotonic)
+    entries: list[_Entry] = field(default_factory=list)
+    first_media_at: float | None = None
+    media_seconds: float = 0.0
+    finished: bool = False
+
+    def deadline(self) -> float:
+        """When the listener runs out of media: earliest-deadline-first keeps every stream fed."""
+        if self.first_media_at is None:
+            return self.submitted_at
+        return self.first_media_at + self.media_seconds
+
+    def busy(self) -> bool:
+        return any(e.busy for e in self.entries)
+
+
+@dataclass
+class SchedulerStats:
+    active: int
+    queued: int
+    running_steps: int
+    steps_total: int
+    batches_total: int
+    batched_steps_total: int
+
+
+class Scheduler:
+    """Runs driven loops on ``workers`` threads with admission control and cancellation."""
+
+    def __init__(
+        self,
+        pipelines: dict[str, Pipeline],
+        *,
+        workers: int = 2,
+        max_active: int = 128,
+        max_queued: int = 256,
+        max_batch: int = 16,
+    ) -> None:
+        self._pipelines = pipelines
+        self._n_workers = max(1, workers)
+        self._max_active = max(1, max_active)
+        self._max_queued = max(0, max_queued)
+        self._max_batch = max(1, max_batch)
+        self._cond = threading.Condition()
+        self._active: dict[str, _Job] = {}
+        self._queued: deque[_Job] = deque()
+        self._threads: list[threading.Thread] = []
+        self._running = False
+        self._running_steps = 0
+        self._steps_total = 0
+        self._batches_total = 0
+        self._batched_steps_total = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        with self._cond:
+            if self._running:
+                return
+            self._running = True
+            self._threads = [
+                threading.Thread(target=self._work, name=f"engine-worker-{i}", daemon=True)
+                for i in range(self._n_workers)
+            ]
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._running = False
+            jobs = [*self._active.values(), *self._queued]
+            self._active.clear()
+            self._queued.clear()
+            self._cond.notify_all()
+        for job in jobs:
+            self._emit(job, {"type": "end", "status": "error", "message": "engine stopped"})
+        for t in self._threads:
+            t.join(timeout=5)
+        self._threads = []
+
+    # -- requests -------------------------------------------------------------------------------
+    def submit(self, request_id: str, request: dict[str, Any], sink: Sink) -> None:
+        """Admit a request or raise ``AdmissionError`` (queue full) / ``ValueError`` (bad request)."""
+        pipeline = self._pipelines.get(request.get("pipeline", ""))
+        if pipeline is None:
+            raise ValueError(f"unknown pipeline {request.get('pipeline')!r}")
+        pipeline.validate(request)
+        job = _Job(request_id=request_id, request=request, pipeline=pipeline, sink=sink)
+        with self._cond:
+            if not self._running:
+                raise AdmissionError("engine is not running")
+            if request_id in self._active or any(j.request_id == request_id for j in self._queued):
+                raise ValueError(f"duplicate request id {request_id!r}")
+            if len(self._active) < self._max_active:
+                self._activate(job)
+            elif len(self._queued) < self._max_queued:
+                self._queued.append(job)
+            else:
+                raise AdmissionError("engine queue is full")
+            self._cond.notify_all()
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel between steps: the job leaves the tables now; a step in flight is discarded."""
+        with self._cond:
+            job = self._active.pop(request_id, None)
+            if job is None:
+                for queued in self._queued:
+                    if queued.request_id == request_id:
+                        job = queued
+                        self._queued.remove(queued)
+                        break
+            if job is None:
+                return False
+            job.finished = True
+            self._promote()
+            self._cond.notify_all()
+        self._emit(job, {"type": "end", "status": "cancelled"})
+        return True
+
+    def stats(self) -> SchedulerStats:
+        with self._cond:
+            return SchedulerStats(
+                active=len(self._active),
+                queued=len(self._queued),
+                running_steps=self._running_steps,
+                steps_total=self._steps_total,
+                batches_total=self._batches_total,
+                batched_steps_total=self._batched_steps_total,
+            )
+
+    # -- internals (called with the lock held unless noted) ---------------------------------------
+    def _activate(self, job: _Job) -> None:
+        slots: dict[str, Any] = {}
+        try:
+            job.entries = [_Entry(loop, loop.init(job.request, slots)) for loop in job.pipeline.loops]
+        except Exception:
+            logger.exception("init failed for request %s", job.request_id)
+            job.finished = True
+            self._emit(job, {"type": "end", "status": "error", "message": "request could not be started"})
+            return
+        self._active[job.request_id] = job
+        self._finish_if_done(job)  # a request with nothing to do (blank text) ends at once
+
+    def _promote(self) -> None:
+        while self._queued and len(self._active) < self._max_active:
+            self._activate(self._queued.popleft())
+
+    def _poll(self, job: _Job) -> None:
+        for e in job.entries:
+            if e.busy or e.done or e.plan is not None or e.waiting:
+                continue
+            nxt = e.loop.next(e.state)
+            if nxt is DONE:
+                e.done = True
+            elif nxt is WAITING:
+                e.waiting = True
+            else:
+                e.plan = nxt  # type: ignore[assignment]
+
+    def _pick(self) -> list[tuple[_Job, _Entry]]:
+        best: tuple[tuple[float, int], _Job, _Entry] | None = None
+        ready: list[tuple[_Job, _Entry]] = []
+        for job in self._active.values():
+            self._poll(job)
+            for e in job.entries:
+                if e.plan is None or e.busy:
+                    continue
+                ready.append((job, e))
+                key = (job.deadline(), 0 if e.plan.emits else 1)
+                if best is None or key < best[0]:
+                    best = (key, job, e)
+        if best is None:
+            return []
+        _, job, entry = best
+        batch = [(job, entry)]
+        plan = entry.plan
+        assert plan is not None
+        if plan.batch_run is not None and self._max_batch > 1:
+            for other_job, other in sorted(ready, key=lambda je: je[0].deadline()):
+                if len(batch) >= self._max_batch:
+                    break
+                if other is not entry and other.plan is not None and other.plan.shape == plan.shape:
+                    batch.append((other_job, other))
+        return batch
+
+    def _finish_if_done(self, job: _Job) -> None:
+        if job.finished or job.busy():
+            return
+        self._poll(job)
+        if not all(e.done for e in job.entries):
+            if not any(e.plan is not None or e.busy for e in job.entries):
+                # Every loop waits on another: a pipeline bug, not something to hang a client on.
+                logger.error("request %s deadlocked: all loops waiting", job.request_id)
+                self._fail(job)
+            return
+        try:
+            final = job.pipeline.finish([e.loop.finalize(e.state) for e in job.entries])
+        except Exception:
+            logger.exception("finalize failed for request %s", job.request_id)
+            self._fail(job)
+            return
+        job.finished = True
+        self._active.pop(job.request_id, None)
+        self._promote()
+        self._emit(job, {"type": "end", "status": "ok", **final})
+
+    def _fail(self, job: _Job) -> None:
+        job.finished = True
+        self._active.pop(job.request_id, None)
+        self._promote()
+        self._emit(job, {"type": "end", "status": "error", "message": "generation failed"})
+
+    @staticmethod
+    def _emit(job: _Job, chunk: dict[str, Any]) -> None:
+        try:
+            job.sink(chunk)
+        except Exception:  # a sink whose session is gone must not take a worker down
+            logger.debug("sink for %s rejected a chunk", job.request_id, exc_info=True)
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                batch: list[tuple[_Job, _Entry]] = []
+                while self._running:
+                    batch = self._pick()
+                    if batch:
+                        break
+                    self._cond.wait()
+                if not self._running:
+                    return
+                plans = []
+                for _, e in batch:
+                    e.busy = True
+                    plans.append(e.plan)
+                    e.plan = None
+                self._running_steps += len(batch)
+            results, error = self._run(plans)  # device work: outside the lock
+            with self._cond:
+                self._running_steps -= len(batch)
+                self._steps_total += len(batch)
+                if len(batch) > 1:
+                    self._batches_total += 1
+                    self._batched_steps_total += len(batch)
+                for i, (job, e) in enumerate(batch):
+                    e.busy = False
+                    if job.finished:
+                        continue  # cancelled while the step ran: drop its output
+                    if error is not None:
+                        logger.error("step %s of %s failed: %s", plans[i].label, job.request_id, error)
+                        self._fail(job)
+                        continue
+                    try:
+                        e.loop.advance(e.state, results[i])
+                    except Exception:
+                        logger.exception("advance failed for request %s", job.request_id)
+                        self._fail(job)
+                        continue
+                    self._deliver(job, results[i])
+                    for other in job.entries:  # upstream progress may unblock a waiting loop
+                        other.waiting = False
+                    self._finish_if_done(job)
+                self._cond.notify_all()
+
+    def _deliver(self, job: _Job, result: StepResult) -> None:
+        if result.media_seconds:
+            if job.first_media_at is None:
+                job.first_media_at = time.monotonic()
+            job.media_seconds += result.media_seconds
+        for chunk in result.chunks:
+            self._emit(job, chunk)
+
+    @staticmethod
+    def _run(plans: Sequence[WorkPlan | None]) -> tuple[list[StepResult], BaseException | None]:
+        try:
+            first = plans[0]
+            assert first is not None
+            if len(plans) > 1 and first.batch_run is not None:
+                results = first.batch_run(plans)  # type: ignore[arg-type]
+            else:
+                results = [p.run() for p in plans]  # type: ignore[union-attr]
+            return results, None
+        except Exception as exc:  # reported per job by the caller; the worker lives on
+            logger.exception("work unit failed")
+            return [], exc

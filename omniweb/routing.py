@@ -1,0 +1,5 @@
+"""Every WebSocket route of the site; each app contributes its own list."""
+
+from speech.routing import websocket_urlpatterns as speech_routes
+
+websocket_urlpatterns = [*speech_routes]

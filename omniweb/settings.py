@@ -1,0 +1,111 @@
+"""Settings, each read from an ``OMNIWEB_*`` environment variable with a safe default.
+
+With nothing set, omniweb serves on loopback with the embedded default: an in-memory channel layer
+and an in-process engine worker pool. The README's configuration table lists every variable.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(f"OMNIWEB_{name}", default)
+
+
+def env_int(name: str, default: int) -> int:
+    return int(env_str(name, str(default)))
+
+
+def env_float(name: str, default: float) -> float:
+    return float(env_str(name, str(default)))
+
+
+def env_bool(name: str, default: bool) -> bool:
+    return env_str(name, "1" if default else "0").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
+
+
+# A fresh random key per process when none is configured: omniweb keeps no signed state between
+# restarts, so this is safe; set OMNIWEB_SECRET_KEY for deployments with several processes.
+SECRET_KEY = env_str("SECRET_KEY", "") or secrets.token_urlsafe(50)
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
+
+INSTALLED_APPS = [
+    "daphne",  # first: its runserver serves ASGI (WebSockets) with our message-size limits
+    "django.contrib.staticfiles",
+    "channels",
+    "omniweb",
+    "speech",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "omniweb.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {"context_processors": ["django.template.context_processors.request"]},
+    }
+]
+ASGI_APPLICATION = "omniweb.asgi.application"
+DATABASES: dict[str, dict[str, str]] = {}  # omniweb stores nothing
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+
+# The embedded default: one process, in-memory layer (scale-out over Redis comes with its own issue).
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# Daphne rejects incoming WebSocket messages over 1 MiB by default; the speech protocol's
+# session.config may carry 4 MiB and video frames up to 10 MB, so admit 16 MiB at the transport and
+# enforce the per-message-type limits in the protocol layer (which answers with a JSON error).
+WEBSOCKET_MAX_MESSAGE_SIZE = env_int("WEBSOCKET_MAX_MESSAGE_SIZE", 16 * 1024 * 1024)
+DAPHNE_WEBSOCKET_MAX_MESSAGE_SIZE = WEBSOCKET_MAX_MESSAGE_SIZE
+DAPHNE_WEBSOCKET_MAX_FRAME_SIZE = WEBSOCKET_MAX_MESSAGE_SIZE
+
+# Engine runtime.
+DEVICE = env_str("DEVICE", "cpu")  # "cpu" or "cuda"; see docs in README
+ENGINE_WORKERS = env_int("ENGINE_WORKERS", min(2, os.cpu_count() or 1))
+ENGINE_MAX_ACTIVE = env_int("ENGINE_MAX_ACTIVE", 128)
+ENGINE_MAX_QUEUED = env_int("ENGINE_MAX_QUEUED", 256)
+ENGINE_MAX_BATCH = env_int("ENGINE_MAX_BATCH", 16)
+ENGINE_PRELOAD = env_bool("ENGINE_PRELOAD", True)
+
+# Voice (hibari-tts).
+TTS_MODEL_NAME = env_str("TTS_MODEL", "hibari-tts")
+TTS_DEFAULT_VOICE = env_str("TTS_VOICE", "heart")
+TTS_THREADS = env_int("TTS_THREADS", 1)
+TALKER_LOOKAHEAD = env_int("TALKER_LOOKAHEAD", 2)  # sentences synthesized ahead of the vocoder
+VOCODER_CHUNK_FRAMES = env_int("VOCODER_CHUNK_FRAMES", 16)  # 12.5 ms frames per vocoder work unit
+VOCODER_FIRST_CHUNK_FRAMES = env_int("VOCODER_FIRST_CHUNK_FRAMES", 6)  # smaller first unit: earlier audio
+
+# Speech protocol limits.
+SPEECH_IDLE_TIMEOUT = env_float("SPEECH_IDLE_TIMEOUT", 30.0)
+SPEECH_CONFIG_TIMEOUT = env_float("SPEECH_CONFIG_TIMEOUT", 10.0)
+SPEECH_MAX_TEXT_CHARS = env_int("SPEECH_MAX_TEXT_CHARS", 100_000)  # buffered text per utterance
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}

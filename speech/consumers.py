@@ -1,0 +1,339 @@
+"""Transport for ``/v1/audio/speech/stream``: one explicit session state machine per WebSocket.
+
+Channels dispatches this socket's messages one at a time to ``receive`` (the single reader). Each
+message type has its own handler. An utterance's generation runs as a separate task so the reader
+keeps listening: ``input.cancel`` stops it between two engine steps, and any other message that
+arrives meanwhile is kept, in order, and handled once the utterance is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from omniweb.engine.client import EngineClient
+from omniweb.engine.runtime import get_engine_client
+
+from . import protocol
+from .protocol import ProtocolError, SessionConfig
+from .tts.loops import PIPELINE
+from .tts.model import capabilities
+
+logger = logging.getLogger(__name__)
+
+MAX_PENDING_MESSAGES = 1024  # messages held while an utterance plays; a flood beyond this ends the session
+MAX_PENDING_BYTES = 8 * 1024 * 1024
+
+
+class SessionState(enum.Enum):
+    AWAITING_CONFIG = "awaiting_config"
+    READY = "ready"  # configured; buffering text or idle
+    GENERATING = "generating"  # an utterance is being synthesized and streamed
+    CLOSED = "closed"
+
+
+@dataclass
+class _Sentence:
+    index: int
+    text: str
+    sent_bytes: int = 0
+    chunk_id: int = 0
+    buffer: list[bytes] = field(default_factory=list)
+
+
+@dataclass
+class _Utterance:
+    index: int
+    request_id: str
+    cancelled: bool = False
+    current: _Sentence | None = None
+    sentences: int = 0  # audio.done messages sent
+
+
+class SpeechStreamConsumer(AsyncWebsocketConsumer):
+    async def connect(self) -> None:
+        self.state = SessionState.AWAITING_CONFIG
+        self.config: SessionConfig | None = None
+        self.text_parts: list[str] = []
+        self.text_chars = 0
+        self.utterance_index = 0
+        self.pending: deque[tuple[str | None, bytes | None]] = deque()
+        self.pending_bytes = 0
+        self.utterance: _Utterance | None = None
+        self.generation: asyncio.Task[None] | None = None
+        self.last_activity = asyncio.get_running_loop().time()
+        await self.accept()
+        # First use may load the model: keep that off the event loop.
+        self.engine: EngineClient = await asyncio.to_thread(get_engine_client)
+        self.caps = capabilities()
+        self.watchdog = asyncio.ensure_future(self._watch_timeouts())
+        self.handlers: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
+            "input.text": self.on_input_text,
+            "input.done": self.on_input_done,
+            "input.cancel": self.on_input_cancel,
+            "session.close": self.on_session_close,
+        }
+
+    async def disconnect(self, code: int) -> None:
+        self.state = SessionState.CLOSED
+        for task in (getattr(self, "watchdog", None), self.generation):
+            if task is not None and not task.done():
+                task.cancel()
+        if self.generation is not None:
+            # Cancelling the task closes the engine stream, which aborts the request in the engine.
+            await asyncio.gather(self.generation, return_exceptions=True)
+        logger.info("speech session closed (code %s)", code)
+
+    # -- the single reader -------------------------------------------------------------------------
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        self.last_activity = asyncio.get_running_loop().time()
+        if self.state is SessionState.CLOSED:
+            return
+        if self.state is SessionState.GENERATING:
+            if text_data is not None and _is_cancel(text_data):
+                await self.cancel_utterance()
+                return
+            size = len(text_data if text_data is not None else bytes_data or b"")
+            if len(self.pending) >= MAX_PENDING_MESSAGES or self.pending_bytes + size > MAX_PENDING_BYTES:
+                await self.fail("Too many messages queued while audio is being generated")
+                return
+            self.pending.append((text_data, bytes_data))
+            self.pending_bytes += size
+            return
+        await self.handle(text_data, bytes_data)
+
+    async def handle(self, text_data: str | None, bytes_data: bytes | None) -> None:
+        if text_data is None:
+            await self.reject("Binary messages are not accepted on this endpoint; send JSON text messages")
+            return
+        try:
+            msg = protocol.parse_message(text_data)
+        except ProtocolError as exc:
+            await self.reject(exc.message)
+            return
+        msg_type = msg.get("type")
+        if msg_type == "session.config":
+            await self.on_session_config(msg)
+        elif self.config is None:
+            await self.fail(f"Expected session.config, got: {msg_type}")
+        elif isinstance(msg_type, str) and msg_type in self.handlers:
+            await self.handlers[msg_type](msg)
+        else:
+            await self.send_json(protocol.error(f"Unknown message type: {msg_type}"))
+
+    # -- handlers, one per message type ------------------------------------------------------------
+    async def on_session_config(self, msg: dict[str, Any]) -> None:
+        if self.text_parts:
+            await self.send_json(
+                protocol.error("session.config cannot be applied while input is buffered; send input.done first")
+            )
+            return
+        try:
+            config = protocol.build_config(msg, self.caps)
+        except ProtocolError as exc:
+            await self.reject(exc.message)  # fatal only for the first config; else the old one stays
+            return
+        self.config = config
+        self.state = SessionState.READY
+
+    async def on_input_text(self, msg: dict[str, Any]) -> None:
+        text = msg.get("text", "")
+        if not isinstance(text, str):
+            await self.send_json(protocol.error("input.text requires a string value"))
+            return
+        if self.text_chars + len(text) > settings.SPEECH_MAX_TEXT_CHARS:
+            await self.send_json(
+                protocol.error(
+                    f"Buffered text would exceed {settings.SPEECH_MAX_TEXT_CHARS} characters; "
+                    "send input.done to flush first"
+                )
+            )
+            return
+        self.text_parts.append(text)
+        self.text_chars += len(text)
+
+    async def on_input_done(self, msg: dict[str, Any]) -> None:
+        assert self.config is not None
+        text = "".join(self.text_parts).strip()
+        self.text_parts.clear()
+        self.text_chars = 0
+        if text:
+            problem = protocol.flush_precondition_error(self.config)
+            if problem is None:
+                self.start_utterance(text, self.config)
+                return
+            await self.send_json(protocol.error(problem))
+        await self.send_json(protocol.session_done(self.utterance_index, 0))
+        self.utterance_index += 1
+
+    async def on_input_cancel(self, msg: dict[str, Any]) -> None:
+        # Nothing is generating here (a cancel during generation is taken by ``receive``).
+        self.text_parts.clear()
+        self.text_chars = 0
+        await self.send_json(protocol.input_cancelled(self.utterance_index))
+
+    async def on_session_close(self, msg: dict[str, Any]) -> None:
+        self.state = SessionState.CLOSED
+        await self.close()
+
+    # -- utterances --------------------------------------------------------------------------------
+    def start_utterance(self, text: str, config: SessionConfig) -> None:
+        self.state = SessionState.GENERATING
+        self.utterance = _Utterance(index=self.utterance_index, request_id=uuid.uuid4().hex)
+        request = {
+            "pipeline": PIPELINE,
+            "text": text,
+            "voice": config.voice,
+            "speed": config.speed,
+            "seed": config.seed,
+            "split": config.split_granularity,
+            "timestamps": config.word_timestamps,
+            "first_chunk_frames": config.initial_codec_chunk_frames,
+            "max_frames": config.max_new_tokens,
+        }
+        self.generation = asyncio.ensure_future(self._run_utterance(self.utterance, request, config))
+
+    async def cancel_utterance(self) -> None:
+        if self.utterance is not None and not self.utterance.cancelled:
+            self.utterance.cancelled = True
+            await self.engine.abort(self.utterance.request_id)
+
+    async def _run_utterance(self, utt: _Utterance, request: dict[str, Any], config: SessionConfig) -> None:
+        try:
+            async for chunk in self.engine.stream(request, utt.request_id):
+                await self._on_chunk(utt, config, chunk)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("utterance %d failed", utt.index)
+            await self._end_utterance(utt, failed=True)
+        self.utterance = None
+        self.utterance_index += 1
+        if self.state is SessionState.CLOSED:
+            return
+        self.state = SessionState.READY
+        self.last_activity = asyncio.get_running_loop().time()
+        await self._replay_pending()
+
+    async def _replay_pending(self) -> None:
+        while self.pending and self.state is SessionState.READY:
+            text_data, bytes_data = self.pending.popleft()
+            self.pending_bytes -= len(text_data if text_data is not None else bytes_data or b"")
+            await self.handle(text_data, bytes_data)
+
+    async def _on_chunk(self, utt: _Utterance, config: SessionConfig, chunk: dict[str, Any]) -> None:
+        kind = chunk["type"]
+        if kind == "sentence.start":
+            utt.current = _Sentence(index=chunk["sentence_index"], text=chunk["text"])
+            await self.send_json(protocol.audio_start(config, utt.index, utt.current.index, utt.current.text))
+        elif kind == "audio" and utt.current is not None:
+            await self._on_audio(utt, utt.current, config, chunk["pcm"])
+        elif kind == "sentence.end" and utt.current is not None:
+            sentence = utt.current
+            if not config.stream_audio:
+                blob = await asyncio.to_thread(protocol.encode_audio, b"".join(sentence.buffer), config.response_format)
+                sentence.buffer.clear()
+                sentence.sent_bytes = len(blob)
+                await self.send(bytes_data=blob)
+            elif config.word_timestamps:
+                final = protocol.audio_chunk(utt.index, sentence.index, sentence.chunk_id, b"", 0, chunk["timestamps"])
+                final["chunk_end_ms"] = protocol.samples_to_ms(sentence.sent_bytes)
+                await self.send_json(final)
+            await self.send_json(protocol.audio_done(utt.index, sentence.index, sentence.sent_bytes))
+            utt.sentences += 1
+            utt.current = None
+        elif kind == "end":
+            status = chunk["status"]
+            if status == "ok":
+                await self.send_json(protocol.session_done(utt.index, utt.sentences))
+            elif status == "cancelled" and utt.cancelled:
+                await self._end_utterance(utt, cancelled=True)
+            elif status == "busy":
+                await self.send_json(protocol.error(chunk["message"]))
+                await self.send_json(protocol.session_done(utt.index, 0))
+            else:
+                logger.warning("utterance %d ended with %s: %s", utt.index, status, chunk.get("message"))
+                await self._end_utterance(utt, failed=True)
+
+    async def _on_audio(self, utt: _Utterance, sentence: _Sentence, config: SessionConfig, pcm: bytes) -> None:
+        if not config.stream_audio:
+            sentence.buffer.append(pcm)
+            return
+        if config.word_timestamps:
+            await self.send_json(
+                protocol.audio_chunk(utt.index, sentence.index, sentence.chunk_id, pcm, sentence.sent_bytes, None)
+            )
+            sentence.chunk_id += 1
+        else:
+            await self.send(bytes_data=pcm)
+        sentence.sent_bytes += len(pcm)
+
+    async def _end_utterance(self, utt: _Utterance, *, failed: bool = False, cancelled: bool = False) -> None:
+        """Close the open sentence (or the next one) with audio.done, then the utterance."""
+        sentence = utt.current or _Sentence(index=utt.sentences, text="")
+        if failed:
+            await self.send_json(
+                protocol.error(
+                    f"Generation failed for utterance {utt.index}, sentence {sentence.index}",
+                    partial_audio=sentence.sent_bytes > 0,
+                )
+            )
+        await self.send_json(
+            protocol.audio_done(utt.index, sentence.index, sentence.sent_bytes, error=failed, cancelled=cancelled)
+        )
+        utt.sentences += 1
+        utt.current = None
+        await self.send_json(protocol.session_done(utt.index, utt.sentences))
+
+    # -- errors and timeouts -----------------------------------------------------------------------
+    async def reject(self, message: str) -> None:
+        """An invalid message: fatal before the first valid session.config, reported after it."""
+        if self.config is None:
+            await self.fail(message)
+        else:
+            await self.send_json(protocol.error(message))
+
+    async def fail(self, message: str) -> None:
+        await self.send_json(protocol.error(message))
+        self.state = SessionState.CLOSED
+        if self.generation is not None and not self.generation.done():
+            self.generation.cancel()
+        await self.close()
+
+    async def _watch_timeouts(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self.state is not SessionState.CLOSED:
+            limit = settings.SPEECH_CONFIG_TIMEOUT if self.config is None else settings.SPEECH_IDLE_TIMEOUT
+            if self.state is SessionState.GENERATING:
+                await asyncio.sleep(limit)  # the idle clock restarts when the utterance ends
+                continue
+            remaining = self.last_activity + limit - loop.time()
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+                continue
+            message = "Timeout waiting for session.config" if self.config is None else "Idle timeout: no message received"
+            await self.fail(message)
+
+    async def send_json(self, payload: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps(payload))
+
+
+def _is_cancel(raw: str) -> bool:
+    """Peek at a message that arrived mid-generation: only input.cancel acts at once."""
+    if len(raw) > protocol.MAX_OTHER_MESSAGE_SIZE:
+        return False
+    try:
+        msg = json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(msg, dict) and msg.get("type") == "input.cancel"

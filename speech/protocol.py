@@ -1,0 +1,296 @@
+"""The streaming speech protocol: message models, validation, limits and wire formats.
+
+Pure functions and data only (no sockets, no engine), so every rule here is testable on its own.
+The wire behaviour follows vllm-omni's streaming speech WebSocket handler.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import wave
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+SAMPLE_RATE = 24000
+BYTES_PER_SAMPLE = 2  # 16-bit mono PCM
+MAX_CONFIG_MESSAGE_SIZE = 4 * 1024 * 1024  # room for ref_audio payloads
+MAX_OTHER_MESSAGE_SIZE = 128 * 1024
+MAX_EMBEDDING_DIM = 8192
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+ResponseFormat = Literal["wav", "pcm", "flac", "mp3", "opus"]
+
+
+class SessionConfig(BaseModel):
+    """``session.config``: sticky for the connection, replaceable between utterances."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    model: str | None = None
+    voice: str | None = Field(default=None, validation_alias=AliasChoices("voice", "speaker"))
+    task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
+    language: str | None = None
+    instructions: str | None = None
+    response_format: ResponseFormat = "wav"
+    speed: float | None = Field(default=1.0, ge=0.25, le=4.0)
+    max_new_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
+    initial_codec_chunk_frames: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    non_streaming_mode: bool | None = None
+    ref_audio: str | None = None
+    ref_text: str | None = None
+    x_vector_only_mode: bool | None = None
+    speaker_embedding: list[float] | None = Field(default=None, max_length=MAX_EMBEDDING_DIM)
+    stream_audio: bool = False
+    word_timestamps: bool = False
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    output_mode: Literal["pcm", "codec_tokens"] = "pcm"
+    split_granularity: Literal["sentence", "clause", "none"] = "sentence"
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> SessionConfig:
+        if self.speaker_embedding is not None and self.ref_audio is not None:
+            raise ValueError("'speaker_embedding' and 'ref_audio' are mutually exclusive")
+        if self.stream_audio:
+            if self.response_format != "pcm":
+                raise ValueError(
+                    "WebSocket streaming audio (stream_audio=true) requires response_format='pcm'. "
+                    f"Got response_format='{self.response_format}'."
+                )
+            if self.speed is None:
+                self.speed = 1.0
+            elif self.speed != 1.0:
+                raise ValueError(
+                    "WebSocket stream_audio=true currently requires speed=1.0; "
+                    "use stream_audio=false for other speeds."
+                )
+        return self
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the loaded voice model can honour; plain data so it can cross process boundaries."""
+
+    model_names: tuple[str, ...]
+    voices: tuple[str, ...]
+    default_voice: str
+    languages: tuple[str, ...]
+    response_formats: tuple[str, ...]
+
+
+class ProtocolError(Exception):
+    """A client mistake; ``message`` is safe to send to the client."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def parse_message(raw: str) -> dict[str, Any]:
+    """Decode one client text message, enforcing the per-type size limits."""
+    if len(raw) > max(MAX_CONFIG_MESSAGE_SIZE, MAX_OTHER_MESSAGE_SIZE):
+        raise ProtocolError("WebSocket message too large")
+    try:
+        msg = json.loads(raw)
+    except (json.JSONDecodeError, RecursionError):
+        raise ProtocolError("Invalid JSON message") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError("WebSocket messages must be JSON objects")
+    if msg.get("type") == "session.config":
+        if len(raw) > MAX_CONFIG_MESSAGE_SIZE:
+            raise ProtocolError("session.config message too large")
+    elif len(raw) > MAX_OTHER_MESSAGE_SIZE:
+        raise ProtocolError("input.text message too large")
+    return msg
+
+
+def _describe(exc: ValidationError) -> str:
+    """Field-level reasons without echoing the (possibly huge) input values back."""
+    parts = []
+    for err in exc.errors(include_url=False, include_input=False):
+        where = ".".join(str(p) for p in err["loc"]) or "config"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def build_config(msg: dict[str, Any], caps: Capabilities) -> SessionConfig:
+    """Validate a session.config message, then check it against what the model can honour."""
+    try:
+        config = SessionConfig.model_validate({k: v for k, v in msg.items() if k != "type"})
+    except ValidationError as exc:
+        raise ProtocolError(f"Invalid session config: {_describe(exc)}") from None
+    check_capabilities(config, caps)
+    return config
+
+
+def check_capabilities(config: SessionConfig, caps: Capabilities) -> None:
+    """Refuse fields the voice cannot honour instead of silently ignoring them."""
+    if config.model is not None and config.model not in caps.model_names:
+        raise ProtocolError(
+            f"The model '{config.model}' does not exist; available models: {', '.join(caps.model_names)}"
+        )
+    if config.voice is not None and config.voice not in caps.voices:
+        raise ProtocolError(f"Unknown voice '{config.voice}'; available voices: {', '.join(caps.voices)}")
+    if config.language is not None and config.language.strip().lower() not in caps.languages:
+        raise ProtocolError(
+            f"Unsupported language '{config.language}'; supported: {', '.join(caps.languages)}"
+        )
+    if config.response_format not in caps.response_formats:
+        raise ProtocolError(
+            f"response_format '{config.response_format}' is not available on this server; "
+            f"supported: {', '.join(caps.response_formats)}"
+        )
+    if config.task_type not in (None, "CustomVoice"):
+        raise ProtocolError(
+            f"task_type '{config.task_type}' is not supported by the loaded TTS model; "
+            "it speaks with preset voices only (task_type 'CustomVoice' or omitted)"
+        )
+    unsupported = [
+        name
+        for name, value in (
+            ("instructions", config.instructions),
+            ("ref_audio", config.ref_audio),
+            ("ref_text", config.ref_text),
+            ("speaker_embedding", config.speaker_embedding),
+            ("non_streaming_mode", config.non_streaming_mode),
+        )
+        if value is not None
+    ]
+    if config.x_vector_only_mode:
+        unsupported.append("x_vector_only_mode")
+    if unsupported:
+        raise ProtocolError(
+            f"The loaded TTS model does not support {', '.join(unsupported)}; "
+            "omit these fields (voice cloning and style instructions are not available)"
+        )
+
+
+def flush_precondition_error(config: SessionConfig) -> str | None:
+    """Errors the reference handler reports when an utterance is flushed, not at config time."""
+    if config.output_mode == "codec_tokens":
+        return "output_mode='codec_tokens' is not supported by the loaded TTS model."
+    if config.word_timestamps and not (config.stream_audio and config.response_format == "pcm"):
+        return (
+            "word_timestamps=true requires stream_audio=true and response_format='pcm' "
+            "(timestamps ride the per-sentence PCM audio.chunk stream)."
+        )
+    return None
+
+
+# -- server → client messages ---------------------------------------------------------------------
+def error(message: str, *, partial_audio: bool = False) -> dict[str, Any]:
+    payload: dict[str, Any] = {"type": "error", "message": message}
+    if partial_audio:
+        payload.update(partial_audio=True, action="discard")
+    return payload
+
+
+def audio_start(config: SessionConfig, utterance: int, sentence: int, text: str) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "type": "audio.start",
+        "utterance_index": utterance,
+        "sentence_index": sentence,
+        "sentence_text": text,
+        "format": config.response_format,
+    }
+    if config.stream_audio and config.response_format == "pcm":
+        payload["sample_rate"] = SAMPLE_RATE
+    if config.word_timestamps:
+        payload["word_timestamps"] = True
+    return payload
+
+
+def samples_to_ms(n_bytes: int) -> int:
+    return int(round(n_bytes / BYTES_PER_SAMPLE / SAMPLE_RATE * 1000.0))
+
+
+def audio_chunk(
+    utterance: int,
+    sentence: int,
+    chunk_id: int,
+    pcm: bytes,
+    start_byte: int,
+    timestamps: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """A JSON ``audio.chunk`` (word-timestamp mode): base64 PCM and its place in the sentence."""
+    return {
+        "type": "audio.chunk",
+        "utterance_index": utterance,
+        "sentence_index": sentence,
+        "chunk_id": chunk_id,
+        "chunk_start_ms": samples_to_ms(start_byte),
+        "chunk_end_ms": samples_to_ms(start_byte + len(pcm)),
+        "sample_rate": SAMPLE_RATE,
+        "audio_b64": base64.b64encode(pcm).decode("ascii"),
+        "timestamps": timestamps,
+    }
+
+
+def audio_done(
+    utterance: int, sentence: int, total_bytes: int, *, error: bool = False, cancelled: bool = False
+) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "type": "audio.done",
+        "utterance_index": utterance,
+        "sentence_index": sentence,
+        "total_bytes": total_bytes,
+        "error": error,
+    }
+    if cancelled:
+        payload["cancelled"] = True
+    return payload
+
+
+def session_done(utterance: int, total_sentences: int) -> dict[str, Any]:
+    return {"type": "session.done", "utterance_index": utterance, "total_sentences": total_sentences}
+
+
+def input_cancelled(utterance: int) -> dict[str, Any]:
+    return {"type": "input.cancelled", "utterance_index": utterance}
+
+
+# -- audio encodings ------------------------------------------------------------------------------
+def encode_audio(pcm: bytes, response_format: str) -> bytes:
+    """One sentence's 16-bit PCM as the requested container (non-streaming mode)."""
+    if response_format == "pcm":
+        return pcm
+    if response_format == "wav":
+        buf = io.BytesIO()
+        with wave.open(buf, "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(BYTES_PER_SAMPLE)
+            w.setframerate(SAMPLE_RATE)
+            w.writeframes(pcm)
+        return buf.getvalue()
+    return _encode_compressed(pcm, response_format)
+
+
+SOUNDFILE_FORMATS = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
+
+
+def _encode_compressed(pcm: bytes, response_format: str) -> bytes:
+    import numpy as np
+    import soundfile
+
+    container, subtype = SOUNDFILE_FORMATS[response_format]
+    buf = io.BytesIO()
+    samples = np.frombuffer(pcm, dtype="<i2")
+    soundfile.write(buf, samples, SAMPLE_RATE, format=container, subtype=subtype)
+    return buf.getvalue()
+
+
+def available_formats() -> tuple[str, ...]:
+    """wav and pcm always; flac/mp3/opus when libsndfile (soundfile) can write them."""
+    formats = ["wav", "pcm"]
+    try:
+        import soundfile
+    except ImportError:
+        return tuple(formats)
+    available = soundfile.available_formats()
+    for name, (container, subtype) in SOUNDFILE_FORMATS.items():
+        if container in available and subtype in soundfile.available_subtypes(container):
+            formats.append(name)
+    return tuple(formats)

@@ -1,0 +1,254 @@
+"""Text-to-speech as two driven loops on the engine runtime: talker → vocoder.
+
+The talker turns one sentence per step into acoustic frames and hands them to the vocoder through
+the request's slots, staying at most ``lookahead`` sentences ahead (bounded memory). The vocoder
+turns frames into PCM a few frames per step, so sentence *i* streams while the talker works on
+sentence *i+1*, and time to first audio does not grow with the length of the flush.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from django.conf import settings
+
+from omniweb.engine.contracts import (
+    DONE,
+    WAITING,
+    Done,
+    ResourceEstimate,
+    ShapeSignature,
+    StepResult,
+    Waiting,
+    WorkPlan,
+)
+from speech.text import split_text
+
+from .model import HibariTalker, SentenceFrames
+from .vocoder import SAMPLE_RATE, VocoderStream, run_chunks_batched
+
+PIPELINE = "speech.tts"
+SENTENCES = "sentences"  # slot: deque[SentenceFrames], talker → vocoder
+TALKER_DONE = "talker_done"
+
+
+def rng_for(seed: int | None) -> np.random.Generator:
+    """Seeded noise; int64 seeds (negative ones too) map onto numpy's unsigned seed space."""
+    return np.random.default_rng(None if seed is None else seed % 2**64)
+
+
+def to_pcm16(samples: np.ndarray) -> bytes:
+    """Float waveform → little-endian 16-bit PCM, the same conversion hibari's write_wav uses."""
+    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+@dataclass
+class TalkerState:
+    sentences: list[str]
+    voice: str
+    speed: float
+    rng: np.random.Generator
+    max_frames: int | None
+    timestamps: bool
+    slots: dict[str, Any]
+    next_index: int = 0
+    spoken: int = 0
+
+
+class TalkerLoop:
+    name = "talker"
+
+    def __init__(self, talker: HibariTalker, lookahead: int) -> None:
+        self._talker = talker
+        self._lookahead = max(1, lookahead)
+
+    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> TalkerState:
+        slots[SENTENCES] = deque()
+        sentences = split_text(request["text"], request.get("split", "sentence"))
+        slots[TALKER_DONE] = not sentences
+        return TalkerState(
+            sentences=sentences,
+            voice=request.get("voice") or self._talker.caps.default_voice,
+            speed=float(request.get("speed") or 1.0),
+            rng=rng_for(request.get("seed")),
+            max_frames=request.get("max_frames"),
+            timestamps=bool(request.get("timestamps")),
+            slots=slots,
+        )
+
+    def next(self, state: TalkerState) -> WorkPlan | Done | Waiting:
+        if state.next_index >= len(state.sentences):
+            return DONE
+        if len(state.slots[SENTENCES]) >= self._lookahead:
+            return WAITING
+        text = state.sentences[state.next_index]
+        index = state.spoken
+
+        def run() -> StepResult:
+            out = self._talker.talk(
+                state.voice, index, text, state.speed, state.rng, state.max_frames, state.timestamps
+            )
+            return StepResult(output=out)
+
+        return WorkPlan(
+            kind="talker",
+            shape=ShapeSignature("talker"),
+            estimate=ResourceEstimate(compute_seconds=2e-4 * len(text), resident_bytes=12_000 * len(text)),
+            run=run,
+            label=f"talker.sentence{state.next_index}",
+        )
+
+    def advance(self, state: TalkerState, result: StepResult) -> None:
+        sentence: SentenceFrames = result.output
+        state.next_index += 1
+        if sentence.segments:  # text with nothing to say ("...") is not a sentence on the wire
+            state.slots[SENTENCES].append(sentence)
+            state.spoken += 1
+        if state.next_index >= len(state.sentences):
+            state.slots[TALKER_DONE] = True
+
+    def finalize(self, state: TalkerState) -> dict[str, Any]:
+        return {"total_sentences": state.spoken}
+
+
+@dataclass
+class VocoderState:
+    slots: dict[str, Any]
+    first_chunk_frames: int
+    chunk_frames: int
+    sentence: SentenceFrames | None = None
+    segment: int = 0
+    stream: VocoderStream | None = None
+    chunks_in_sentence: int = 0
+    sentences_done: int = 0
+
+
+@dataclass
+class _Chunk:
+    state: VocoderState
+    stream: VocoderStream
+    start: int
+    stop: int
+    first_of_sentence: bool
+    last_of_sentence: bool
+
+
+class VocoderLoop:
+    name = "vocoder"
+
+    def __init__(self, chunk_frames: int, first_chunk_frames: int) -> None:
+        self._chunk = max(1, chunk_frames)
+        self._first = max(0, first_chunk_frames)
+
+    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> VocoderState:
+        first = request.get("first_chunk_frames")
+        first = self._first if first is None else int(first)
+        return VocoderState(slots=slots, first_chunk_frames=first or self._chunk, chunk_frames=self._chunk)
+
+    def _advance_segment(self, state: VocoderState) -> bool:
+        """Move to the next segment (or sentence) with frames left; False when none is ready yet."""
+        while state.stream is None or state.stream.done:
+            if state.sentence is not None and state.segment + 1 < len(state.sentence.segments):
+                state.segment += 1
+            else:
+                queue: deque[SentenceFrames] = state.slots[SENTENCES]
+                if not queue:
+                    return False
+                state.sentence = queue.popleft()
+                state.segment = 0
+                state.chunks_in_sentence = 0
+            state.stream = VocoderStream(state.sentence.segments[state.segment])
+        return True
+
+    def next(self, state: VocoderState) -> WorkPlan | Done | Waiting:
+        if not self._advance_segment(state):
+            return DONE if state.slots[TALKER_DONE] else WAITING
+        stream = state.stream
+        sentence = state.sentence
+        assert stream is not None and sentence is not None
+        size = state.first_chunk_frames if state.chunks_in_sentence == 0 else state.chunk_frames
+        start, stop = stream.plan(size)
+        chunk = _Chunk(
+            state=state,
+            stream=stream,
+            start=start,
+            stop=stop,
+            first_of_sentence=state.chunks_in_sentence == 0,
+            last_of_sentence=stop >= stream.n_frames and state.segment == len(sentence.segments) - 1,
+        )
+        plan = WorkPlan(
+            kind="vocoder",
+            shape=ShapeSignature("vocoder", (stop - start,)),
+            estimate=ResourceEstimate(compute_seconds=4e-5 * (stop - start), resident_bytes=0),
+            run=lambda: _results([chunk])[0],
+            emits=("audio",),
+            payload=chunk,
+            batch_run=_batch_run,
+            label=f"vocoder.s{sentence.index}.f{start}",
+        )
+        # The chunk is claimed now so the next plan (after advance) continues from ``stop``.
+        state.chunks_in_sentence += 1
+        return plan
+
+    def advance(self, state: VocoderState, result: StepResult) -> None:
+        chunk: _Chunk = result.output
+        if chunk.last_of_sentence:
+            state.sentences_done += 1
+
+    def finalize(self, state: VocoderState) -> dict[str, Any]:
+        return {"sentences_vocoded": state.sentences_done}
+
+
+def _batch_run(plans: Sequence[WorkPlan]) -> list[StepResult]:
+    return _results([p.payload for p in plans])
+
+
+def _results(chunks: list[_Chunk]) -> list[StepResult]:
+    """Vocode the chunks (stacked FFTs when several) and turn each into client stream chunks."""
+    waves = run_chunks_batched([(c.stream, c.start, c.stop) for c in chunks])
+    results = []
+    for c, wave in zip(chunks, waves, strict=True):
+        sentence = c.state.sentence
+        assert sentence is not None
+        out: list[dict[str, Any]] = []
+        if c.first_of_sentence:
+            out.append({"type": "sentence.start", "sentence_index": sentence.index, "text": sentence.text})
+        if wave.size:
+            out.append({"type": "audio", "sentence_index": sentence.index, "pcm": to_pcm16(wave)})
+        if c.last_of_sentence:
+            out.append(
+                {"type": "sentence.end", "sentence_index": sentence.index, "timestamps": sentence.timestamps}
+            )
+        results.append(StepResult(output=c, chunks=out, media_seconds=wave.size / SAMPLE_RATE))
+    return results
+
+
+class TtsPipeline:
+    """talker → vocoder for ``{"pipeline": "speech.tts", "text": ..., ...}`` requests."""
+
+    name = PIPELINE
+
+    def __init__(self) -> None:
+        self.talker = HibariTalker()
+        self.loops = (
+            TalkerLoop(self.talker, settings.TALKER_LOOKAHEAD),
+            VocoderLoop(settings.VOCODER_CHUNK_FRAMES, settings.VOCODER_FIRST_CHUNK_FRAMES),
+        )
+
+    def validate(self, request: dict[str, Any]) -> None:
+        if not isinstance(request.get("text"), str):
+            raise ValueError("text must be a string")
+        voice = request.get("voice")
+        if voice is not None and voice not in self.talker.caps.voices:
+            raise ValueError(f"Unknown voice '{voice}'; available voices: {', '.join(self.talker.caps.voices)}")
+        speed = float(request.get("speed") or 1.0)
+        if not 0.25 <= speed <= 4.0:
+            raise ValueError("speed must be between 0.25 and 4.0")
+
+    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"total_sentences": finals[0]["total_sentences"]}
+

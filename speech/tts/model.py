@@ -1,0 +1,160 @@
+"""The hibari voice as a talker: text → phonemes → 12.5 ms acoustic frames plus phoneme durations.
+
+The ONNX graph is loaded with one extra output, the per-phoneme durations it computes internally
+(``/Cast_32_output_0``, in units of two frames), so word timestamps come from the model itself.
+Only voices already on disk are offered: hibari downloads other voices on first use, which must
+never happen here (no network), so that path is never taken.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from speech.protocol import Capabilities, available_formats
+from speech.text import align_words
+
+from .vocoder import AcousticFrames, draw_noise
+
+logger = logging.getLogger(__name__)
+
+DURATION_TENSOR = "/Cast_32_output_0"
+FRAMES_PER_DURATION_UNIT = 2
+LANGUAGES = ("en", "en-us", "english", "auto")
+
+
+@dataclass
+class SentenceFrames:
+    """One sentence of talker output, handed to the vocoder loop."""
+
+    index: int
+    text: str
+    segments: list[AcousticFrames]
+    timestamps: list[dict[str, int | str]] | None
+
+
+def local_voices() -> tuple[str, ...]:
+    """Voices whose model is on disk now (bundled or already cached): never triggers a download."""
+    from hibari import voices
+
+    found = []
+    for name in voices.VOICES:
+        try:
+            voices.voice_path(name, download_missing=False)
+        except FileNotFoundError:
+            continue
+        found.append(name)
+    return tuple(found)
+
+
+@cache
+def capabilities() -> Capabilities:
+    voices = local_voices()
+    if settings.TTS_DEFAULT_VOICE not in voices:
+        raise ImproperlyConfigured(
+            f"OMNIWEB_TTS_VOICE={settings.TTS_DEFAULT_VOICE!r} is not on disk; available: {', '.join(voices)}"
+        )
+    return Capabilities(
+        model_names=(settings.TTS_MODEL_NAME, "hibari"),
+        voices=voices,
+        default_voice=settings.TTS_DEFAULT_VOICE,
+        languages=LANGUAGES,
+        response_formats=available_formats(),
+    )
+
+
+def _providers() -> list[str]:
+    import onnxruntime as ort
+
+    device = settings.DEVICE.lower()
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if device.startswith("cuda"):
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise ImproperlyConfigured(
+                "OMNIWEB_DEVICE=cuda but this onnxruntime build has no CUDA provider "
+                "(install onnxruntime-gpu on GPU hosts)"
+            )
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    raise ImproperlyConfigured(f"OMNIWEB_DEVICE must be 'cpu' or 'cuda', not {settings.DEVICE!r}")
+
+
+class HibariTalker:
+    """Holds one ONNX session per local voice and the G2P; ``talk`` is thread-safe."""
+
+    def __init__(self) -> None:
+        import onnx
+        import onnxruntime as ort
+        from hibari import Hibari, voices
+
+        self.caps = capabilities()
+        self._sessions: dict[str, ort.InferenceSession] = {}
+        self._hibari: dict[str, Hibari] = {}
+        self._g2p_lock = threading.Lock()
+        providers = _providers()
+        for name in self.caps.voices:
+            model = onnx.load(voices.voice_path(name, download_missing=False))
+            model.graph.output.append(
+                onnx.helper.make_tensor_value_info(DURATION_TENSOR, onnx.TensorProto.INT64, None)
+            )
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = opts.inter_op_num_threads = settings.TTS_THREADS
+            opts.log_severity_level = 3
+            self._sessions[name] = ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
+            # Hibari(model=...) never consults the voice registry's download path.
+            self._hibari[name] = Hibari(voice=name, model=voices.voice_path(name, download_missing=False))
+        self.talk(self.caps.default_voice, 0, "Warm up.", 1.0, np.random.default_rng(0), None, True)
+
+    def talk(
+        self,
+        voice: str,
+        index: int,
+        text: str,
+        speed: float,
+        rng: np.random.Generator,
+        max_frames: int | None,
+        timestamps: bool,
+    ) -> SentenceFrames:
+        """Synthesize one sentence's acoustic frames; noise is drawn in order from the request's rng."""
+        hib = self._hibari[voice]
+        sess = self._sessions[voice]
+        with self._g2p_lock:  # the G2P keeps per-call state; the ONNX run below is thread-safe
+            phonemes = hib.phonemize(text)
+        segments: list[AcousticFrames] = []
+        aligned: list[tuple[str, np.ndarray]] = []
+        budget = max_frames
+        for ps in phonemes:
+            ids = hib.ids(ps)
+            if len(ids) < 3 or budget == 0:
+                continue
+            out = sess.run(
+                None, {"ids": np.asarray([ids], np.int64), "speed": np.asarray([speed], np.float32)}
+            )
+            lh, th, ln, lr, phi, f0 = (o[0] for o in out[:6])
+            dur = out[6]  # [ids]: one duration per phoneme id, pads included
+            n = lh.shape[1]
+            if budget is not None:
+                n = min(n, budget)
+                budget -= n
+            if n == 0:
+                continue
+            segments.append(
+                AcousticFrames(lh[:, :n], th[:, :n], ln[:, :n], lr[:, :n], phi[:, :n], f0[:n], draw_noise(rng, n))
+            )
+            aligned.append((ps, dur))
+        words = None
+        if timestamps and segments:
+            with self._g2p_lock:
+                words = align_words(text, aligned, hib.vocab, hib.g2p)
+            total_ms = int(round(sum(s.n_frames for s in segments) * 12.5))
+            words = [
+                {**w, "start_ms": min(int(w["start_ms"]), total_ms), "end_ms": min(int(w["end_ms"]), total_ms)}
+                for w in words
+            ]
+        return SentenceFrames(index=index, text=text, segments=segments, timestamps=words)

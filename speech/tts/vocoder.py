@@ -1,0 +1,234 @@
+"""Streaming vocoder: hibari's acoustic frames -> PCM, a few frames per work unit.
+
+``hibari.dsp.synth`` turns a whole sentence into audio with one inverse STFT. Here the
+same maths is cut into chunks of frames, so the first audio leaves before the sentence
+is vocoded and chunks from many sessions can share one FFT call. Every spectral step
+(pulse-train STFT, branch combination, irfft) is per frame, so a chunk needs only its
+own frames; the overlap-add needs the last three windowed frames of the previous chunk,
+which the stream carries. Each output block is summed in the same order as
+``hibari.dsp.ola`` (frames b, b-1, b-2, b-3 from zero), so the concatenated chunks
+match ``synth`` bit for bit on the same machine, given the same noise draw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from hibari import dsp
+
+N_BINS = dsp.N_FFT // 2 + 1  # 601
+HOP = dsp.HOP  # 300 samples = 12.5 ms
+SAMPLE_RATE = dsp.SR  # 24000
+# 4 hops per window: frame k touches output samples [k*HOP - 600, k*HOP + 600)
+_K = dsp.N_FFT // HOP
+# synth drops the first 2 OLA blocks (the center=True padding)
+_HALF_BLOCKS = (dsp.N_FFT // 2) // HOP
+
+
+@dataclass
+class AcousticFrames:
+    """One sentence segment of talker output.
+
+    The noise is part of the frames (not drawn while vocoding), so chunking, batching
+    and scheduling order can never change which random numbers a frame gets.
+    """
+
+    lh: np.ndarray  # float32 [601, F] harmonic log-magnitude
+    th: np.ndarray  # float32 [601, F] harmonic phase offset (pre-tanh)
+    ln: np.ndarray  # float32 [601, F] noise log-magnitude
+    lr: np.ndarray  # float32 [601, F] free-phase log-magnitude
+    phi: np.ndarray  # float32 [601, F] free phase
+    f0: np.ndarray  # float32 [F] pitch in Hz (unvoiced below 40)
+    noise: np.ndarray  # complex64 [601, F], drawn exactly as hibari.dsp.synth draws it
+
+    def __post_init__(self) -> None:
+        """Fail at construction, not mid-stream, if the outputs don't line up."""
+        n = np.shape(self.f0)[0] if np.ndim(self.f0) == 1 else -1
+        if n < 0:
+            raise ValueError(f"f0 must be 1-D, got shape {np.shape(self.f0)}")
+        for name in ("lh", "th", "ln", "lr", "phi", "noise"):
+            shape = np.shape(getattr(self, name))
+            if shape != (N_BINS, n):
+                raise ValueError(f"{name} has shape {shape}, expected {(N_BINS, n)}")
+
+    @property
+    def n_frames(self) -> int:
+        """Number of 12.5 ms frames F; the segment yields F * HOP samples."""
+        return int(self.f0.shape[0])
+
+
+def draw_noise(rng: np.random.Generator, n_frames: int) -> np.ndarray:
+    """Same draw (shape, dtype, order) as hibari.dsp.synth, so a seeded rng gives the
+    same audio.
+
+    Draw once per segment, in segment order, from the session's generator: that
+    reproduces ``Hibari.stream(text, seed=...)`` sentence by sentence.
+    """
+    z = rng.standard_normal((N_BINS, 2 * n_frames), dtype=np.float32)
+    return z.view(np.complex64)
+
+
+class VocoderStream:
+    """Per-segment state: excitation computed once (cheap, cumulative phase), OLA tail
+    carried between chunks.
+
+    The pulse train's phase is a running sum over the whole segment, so it is built up
+    front (a few vectorised passes over F*300 samples); the expensive part, the
+    per-frame spectra, is done per chunk.
+    """
+
+    def __init__(self, frames: AcousticFrames) -> None:
+        self.frames = frames
+        self._n = frames.n_frames
+        self._next = 0
+        # windowed frames [max(0, next-3), next): what a later chunk still adds to
+        self._tail = np.zeros((0, _K, HOP), np.float32)
+        if self._n:
+            # reflect-pad exactly as hibari.dsp.stft; a view of every analysis window
+            xp = np.pad(dsp.pulses(frames.f0), dsp.N_FFT // 2, mode="reflect")
+            view = np.lib.stride_tricks.sliding_window_view(xp, dsp.N_FFT)[::HOP]
+            self._windows: np.ndarray | None = view
+            # [F+3, HOP]; F is known up front, so no sample waits for the normalisation
+            self._norm = dsp._ola_norm(self._n)
+        else:
+            self._windows = None
+
+    @property
+    def n_frames(self) -> int:
+        """Total frames in the segment."""
+        return self._n
+
+    @property
+    def next_frame(self) -> int:
+        """First frame not yet vocoded."""
+        return self._next
+
+    @property
+    def done(self) -> bool:
+        """True once every sample of the segment has been returned."""
+        return self._next >= self._n
+
+    def plan(self, max_frames: int) -> tuple[int, int]:
+        """(start, stop) of the next chunk, at most max_frames; (F, F) once done."""
+        if max_frames < 1:
+            raise ValueError("max_frames must be >= 1")
+        return self._next, min(self._n, self._next + max_frames)
+
+    def run_chunk(self, start: int, stop: int) -> np.ndarray:
+        """Vocode frames [start, stop) (start must equal next_frame); return the float32
+        samples that are now final.
+
+        Final means no later chunk can touch them: after frames < stop, output samples
+        < (stop-2)*300 (frame k reaches back 600 samples). The last chunk (stop == F)
+        flushes the rest, so all returned lengths sum to F * 300. An empty range
+        returns an empty array and changes nothing.
+        """
+        return run_chunks_batched([(self, start, stop)])[0]
+
+    # -- internals -------------------------------------------------------------------
+    def _check(self, start: int, stop: int) -> None:
+        if start != self._next:
+            raise ValueError(
+                f"chunk starts at frame {start}, but the next frame is {self._next}"
+            )
+        if not start <= stop <= self._n:
+            raise ValueError(f"chunk [{start}, {stop}) is outside [{start}, {self._n}]")
+
+    def _overlap_add(self, start: int, stop: int, frames: np.ndarray) -> np.ndarray:
+        """Add windowed frames [start, stop) to the carried tail; return the output
+        blocks that are now final.
+
+        Output block j is OLA block j+2. OLA block b sums hop k of frame b-k for
+        k = 0..3, added from zero in increasing k as hibari.dsp.ola does, so the float
+        result is identical; it is final once frame b exists (or the segment ends).
+        """
+        g0 = start - len(self._tail)
+        # windowed frames [g0, stop)
+        g = np.concatenate([self._tail, frames.reshape(-1, _K, HOP)])
+        # earlier blocks were returned already (blocks 0 and 1 are never output)
+        b0 = max(start, _HALF_BLOCKS)
+        b1 = stop if stop < self._n else self._n + _HALF_BLOCKS
+        keep = max(0, stop - (_K - 1)) - g0
+        self._tail = g[keep:].copy()
+        self._next = stop
+        if stop == self._n:
+            self._windows = None  # release the padded pulse train
+        if b1 <= b0:
+            return np.zeros(0, np.float32)
+        y = np.zeros((b1 - b0, HOP), np.float32)
+        for k in range(_K):
+            # blocks b whose frame b-k is in [g0, stop)
+            lo, hi = max(b0, g0 + k), min(b1, stop + k)
+            if lo < hi:
+                y[lo - b0 : hi - b0] += g[lo - k - g0 : hi - k - g0, k]
+        y *= self._norm[b0:b1]
+        return y.reshape(-1)
+
+
+def _gather(items: list[tuple[VocoderStream, int, int]], name: str) -> np.ndarray:
+    """Frames [start, stop) of every item, frame-major [sum n, 601]: the FFTs batch
+    over rows."""
+    parts = [getattr(s.frames, name)[:, a:b].T for s, a, b in items]
+    return np.concatenate(parts) if len(parts) > 1 else np.ascontiguousarray(parts[0])
+
+
+def _spectral(items: list[tuple[VocoderStream, int, int]]) -> np.ndarray:
+    """Windowed time-domain frames [sum n, 1200] for all items, one call per step.
+
+    Same element-wise operations, in the same order, as hibari.dsp.synth/stft/ola, in
+    frame-major layout.
+    """
+    n_rows = sum(b - a for _, a, b in items)
+    fr = np.empty((n_rows, dsp.N_FFT), np.float32)
+    row = 0
+    for s, a, b in items:
+        np.multiply(s._windows[a:b], dsp.WIN_SRC, out=fr[row : row + b - a])
+        row += b - a
+    spec = dsp.rfft(fr, 1)  # complex64 [rows, 601]: STFT of the pulse train
+    rot = np.empty(spec.shape, np.complex64)
+    c = np.tanh(_gather(items, "th"))
+    c *= np.pi
+    np.cos(c, out=rot.real)
+    np.sin(c, out=rot.imag)
+    rot *= dsp.ex(_gather(items, "lh"))
+    spec *= rot  # harmonic branch
+    # noise branch; not in place, so the caller's noise is never written
+    spec += _gather(items, "noise") * dsp.ex(_gather(items, "ln"))
+    phi = _gather(items, "phi")
+    np.cos(phi, out=rot.real)
+    np.sin(phi, out=rot.imag)
+    rot *= dsp.ex(_gather(items, "lr"))
+    spec += rot  # free-phase branch
+    frames = dsp.irfft(spec, dsp.N_FFT, 1)
+    frames *= dsp.WIN
+    return frames
+
+
+def run_chunks_batched(items: list[tuple[VocoderStream, int, int]]) -> list[np.ndarray]:
+    """Same result as calling run_chunk on each, but the spectral work (pulse STFT,
+    branch combination, irfft) of chunks with equal frame counts is stacked into one
+    call each, so the scheduler can batch work units across sessions.
+
+    Every spectral step is per frame, so the frames of all chunks are stacked along one
+    frame axis and go through a single call per step, whatever their lengths; only the
+    cheap overlap-add is per stream. A stream may appear at most once per batch (its
+    next chunk depends on this one's tail). All items are checked before any runs.
+    """
+    seen: set[int] = set()
+    for s, a, b in items:
+        if id(s) in seen:
+            raise ValueError("a stream may appear only once per batch")
+        seen.add(id(s))
+        s._check(a, b)
+    work = [(s, a, b) for s, a, b in items if b > a]
+    frames = _spectral(work) if work else np.zeros((0, dsp.N_FFT), np.float32)
+    out: list[np.ndarray] = []
+    row = 0
+    for s, a, b in items:
+        if b == a:
+            out.append(np.zeros(0, np.float32))
+            continue
+        out.append(s._overlap_add(a, b, frames[row : row + b - a]))
+        row += b - a
+    return out
