@@ -321,8 +321,10 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             if remaining > 0:
                 await asyncio.sleep(remaining)
                 continue
-            message = "Timeout waiting for session.config" if self.config is None else "Idle timeout: no message received"
-            await self.fail(message)
+            if self.config is None:
+                await self.fail("Timeout waiting for session.config")
+            else:
+                await self.fail("Idle timeout: no message received")
 
     async def send_json(self, payload: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps(payload))

@@ -64,8 +64,7 @@ class SessionConfig(BaseModel):
                 self.speed = 1.0
             elif self.speed != 1.0:
                 raise ValueError(
-                    "WebSocket stream_audio=true currently requires speed=1.0; "
-                    "use stream_audio=false for other speeds."
+                    "WebSocket stream_audio=true currently requires speed=1.0; use stream_audio=false for other speeds."
                 )
         return self
 
@@ -135,9 +134,7 @@ def check_capabilities(config: SessionConfig, caps: Capabilities) -> None:
     if config.voice is not None and config.voice not in caps.voices:
         raise ProtocolError(f"Unknown voice '{config.voice}'; available voices: {', '.join(caps.voices)}")
     if config.language is not None and config.language.strip().lower() not in caps.languages:
-        raise ProtocolError(
-            f"Unsupported language '{config.language}'; supported: {', '.join(caps.languages)}"
-        )
+        raise ProtocolError(f"Unsupported language '{config.language}'; supported: {', '.join(caps.languages)}")
     if config.response_format not in caps.response_formats:
         raise ProtocolError(
             f"response_format '{config.response_format}' is not available on this server; "
@@ -204,7 +201,7 @@ def audio_start(config: SessionConfig, utterance: int, sentence: int, text: str)
 
 
 def samples_to_ms(n_bytes: int) -> int:
-    return int(round(n_bytes / BYTES_PER_SAMPLE / SAMPLE_RATE * 1000.0))
+    return round(n_bytes / BYTES_PER_SAMPLE / SAMPLE_RATE * 1000.0)
 
 
 def audio_chunk(

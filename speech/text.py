@@ -153,7 +153,7 @@ def align_words(
 
     first: list[float | None] = [None] * len(words)
     last: list[float | None] = [None] * len(words)
-    for w, span in zip(cli_word, spans):
+    for w, span in zip(cli_word, spans, strict=True):
         if span is None:
             continue
         if first[w] is None:

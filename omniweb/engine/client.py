@@ -31,9 +31,7 @@ class LocalEngineClient:
     def __init__(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
 
-    async def stream(
-        self, request: dict[str, Any], request_id: str | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, request: dict[str, Any], request_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
         rid = request_id or uuid.uuid4().hex
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()

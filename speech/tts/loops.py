@@ -220,9 +220,7 @@ def _results(chunks: list[_Chunk]) -> list[StepResult]:
         if wave.size:
             out.append({"type": "audio", "sentence_index": sentence.index, "pcm": to_pcm16(wave)})
         if c.last_of_sentence:
-            out.append(
-                {"type": "sentence.end", "sentence_index": sentence.index, "timestamps": sentence.timestamps}
-            )
+            out.append({"type": "sentence.end", "sentence_index": sentence.index, "timestamps": sentence.timestamps})
         results.append(StepResult(output=c, chunks=out, media_seconds=wave.size / SAMPLE_RATE))
     return results
 
@@ -251,4 +249,3 @@ class TtsPipeline:
 
     def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
         return {"total_sentences": finals[0]["total_sentences"]}
-

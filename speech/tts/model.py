@@ -100,9 +100,7 @@ class HibariTalker:
         providers = _providers()
         for name in self.caps.voices:
             model = onnx.load(voices.voice_path(name, download_missing=False))
-            model.graph.output.append(
-                onnx.helper.make_tensor_value_info(DURATION_TENSOR, onnx.TensorProto.INT64, None)
-            )
+            model.graph.output.append(onnx.helper.make_tensor_value_info(DURATION_TENSOR, onnx.TensorProto.INT64, None))
             opts = ort.SessionOptions()
             opts.intra_op_num_threads = opts.inter_op_num_threads = settings.TTS_THREADS
             opts.log_severity_level = 3
@@ -133,9 +131,7 @@ class HibariTalker:
             ids = hib.ids(ps)
             if len(ids) < 3 or budget == 0:
                 continue
-            out = sess.run(
-                None, {"ids": np.asarray([ids], np.int64), "speed": np.asarray([speed], np.float32)}
-            )
+            out = sess.run(None, {"ids": np.asarray([ids], np.int64), "speed": np.asarray([speed], np.float32)})
             lh, th, ln, lr, phi, f0 = (o[0] for o in out[:6])
             dur = out[6]  # [ids]: one duration per phoneme id, pads included
             n = lh.shape[1]
@@ -152,7 +148,7 @@ class HibariTalker:
         if timestamps and segments:
             with self._g2p_lock:
                 words = align_words(text, aligned, hib.vocab, hib.g2p)
-            total_ms = int(round(sum(s.n_frames for s in segments) * 12.5))
+            total_ms = round(sum(s.n_frames for s in segments) * 12.5)
             words = [
                 {**w, "start_ms": min(int(w["start_ms"]), total_ms), "end_ms": min(int(w["end_ms"]), total_ms)}
                 for w in words

@@ -1,0 +1,94 @@
+"""``manage.py speak``: a protocol client for a running omniweb server.
+
+Streams the text, writes the audio it gets back (WAV or raw PCM) and can print word timestamps.
+It talks to the server over a real WebSocket, so it is also a quick end-to-end check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import wave
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from speech.protocol import SAMPLE_RATE
+
+
+class Command(BaseCommand):
+    help = "Speak text through a running omniweb server and save the audio."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("text", help="text to speak (several sentences are streamed one by one)")
+        parser.add_argument("-o", "--output", required=True, help="file to write")
+        parser.add_argument("--url", default="ws://127.0.0.1:8000", help="server base URL (ws:// or wss://)")
+        parser.add_argument("--format", choices=["wav", "pcm"], default="wav", help="file format to write")
+        parser.add_argument("--timestamps", action="store_true", help="print word timestamps")
+        parser.add_argument("--voice", default=None)
+        parser.add_argument("--seed", type=int, default=None)
+        parser.add_argument("--speed", type=float, default=1.0, help="0.25-4.0 (not streamed when != 1)")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        try:
+            pcm = asyncio.run(self._speak(opts))
+        except OSError as exc:
+            raise CommandError(f"cannot reach {opts['url']}: {exc}") from exc
+        if opts["format"] == "wav":
+            with wave.open(opts["output"], "wb") as w:
+                w.setnchannels(1)
+                w.setsampwidth(2)
+                w.setframerate(SAMPLE_RATE)
+                w.writeframes(pcm)
+        else:
+            with open(opts["output"], "wb") as f:
+                f.write(pcm)
+        seconds = len(pcm) / 2 / SAMPLE_RATE
+        self.stdout.write(f"wrote {opts['output']}: {seconds:.2f} s of audio ({opts['format']}, {SAMPLE_RATE} Hz)")
+
+    async def _speak(self, opts: dict[str, Any]) -> bytes:
+        import websockets
+
+        streamed = opts["speed"] == 1.0
+        config: dict[str, Any] = {"type": "session.config", "response_format": "pcm", "stream_audio": streamed}
+        if opts["timestamps"]:
+            if not streamed:
+                raise CommandError("--timestamps needs --speed 1.0 (timestamps ride the streamed PCM)")
+            config["word_timestamps"] = True
+        for key in ("voice", "seed", "speed"):
+            if opts[key] is not None:
+                config[key] = opts[key]
+        url = opts["url"].rstrip("/") + "/v1/audio/speech/stream"
+        audio = bytearray()
+        async with websockets.connect(url, max_size=None) as ws:
+            await ws.send(json.dumps(config))
+            await ws.send(json.dumps({"type": "input.text", "text": opts["text"]}))
+            started = time.perf_counter()
+            await ws.send(json.dumps({"type": "input.done"}))
+            first: float | None = None
+            while True:
+                raw = await ws.recv()
+                if isinstance(raw, bytes):
+                    first = first or time.perf_counter() - started
+                    audio += raw
+                    continue
+                msg = json.loads(raw)
+                kind = msg["type"]
+                if kind == "error":
+                    raise CommandError(f"server error: {msg['message']}")
+                if kind == "audio.start":
+                    self.stdout.write(f"sentence {msg['sentence_index']}: {msg['sentence_text']}")
+                elif kind == "audio.chunk":
+                    first = first or time.perf_counter() - started
+                    audio += base64.b64decode(msg["audio_b64"])
+                    if msg["timestamps"]:
+                        for word in msg["timestamps"]:
+                            self.stdout.write(f"  {word['start_ms']:>6} - {word['end_ms']:>6} ms  {word['word']}")
+                elif kind == "session.done":
+                    break
+            await ws.send(json.dumps({"type": "session.close"}))
+        if first is not None:
+            self.stdout.write(f"time to first audio: {first * 1000:.0f} ms")
+        return bytes(audio)

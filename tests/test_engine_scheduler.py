@@ -1,0 +1,253 @@
+"""The scheduler's contract: ordering, batching, cancellation, admission and fault isolation.
+
+The loops here are test doubles on purpose: they provoke what the real voice won't do on demand
+(a step that raises, a step slow enough to cancel mid-stream). The real pipeline's behaviour through
+the same scheduler is covered in test_engine_tts.py and the speech tests.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from omniweb.engine.contracts import DONE, ResourceEstimate, ShapeSignature, StepResult, WorkPlan
+from omniweb.engine.scheduler import AdmissionError, Scheduler
+
+
+@dataclass
+class CountState:
+    steps: int
+    delay: float
+    fail_at: int | None
+    done: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+class CountLoop:
+    """Emits one chunk per step; steps of equal shape can run batched."""
+
+    name = "count"
+
+    def __init__(self) -> None:
+        self.batch_sizes: list[int] = []
+        self.lock = threading.Lock()
+
+    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> CountState:
+        return CountState(request["steps"], request.get("delay", 0.0), request.get("fail_at"))
+
+    def next(self, state: CountState) -> WorkPlan | Any:
+        if state.done >= state.steps:
+            return DONE
+        i = state.done
+
+        def run() -> StepResult:
+            time.sleep(state.delay)
+            if state.fail_at == i:
+                raise RuntimeError("secret internal detail")
+            return StepResult(output=i, chunks=[{"type": "tick", "i": i}], media_seconds=0.1)
+
+        def batch_run(plans: Sequence[WorkPlan]) -> list[StepResult]:
+            with self.lock:
+                self.batch_sizes.append(len(plans))
+            return [p.run() for p in plans]
+
+        return WorkPlan(
+            kind="count",
+            shape=ShapeSignature("count", (1,)),
+            estimate=ResourceEstimate(),
+            run=run,
+            emits=("ticks",),
+            batch_run=batch_run,
+        )
+
+    def advance(self, state: CountState, result: StepResult) -> None:
+        state.done += 1
+
+    def finalize(self, state: CountState) -> dict[str, Any]:
+        return {"steps": state.done}
+
+
+class CountPipeline:
+    name = "count"
+
+    def __init__(self) -> None:
+        self.loops = (CountLoop(),)
+
+    def validate(self, request: dict[str, Any]) -> None:
+        if request.get("steps", 0) < 0:
+            raise ValueError("steps must be >= 0")
+
+    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
+        return finals[0]
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.chunks: list[dict[str, Any]] = []
+        self.ended = threading.Event()
+
+    def __call__(self, chunk: dict[str, Any]) -> None:
+        self.chunks.append(chunk)
+        if chunk["type"] == "end":
+            self.ended.set()
+
+
+@pytest.fixture
+def make_scheduler():
+    made: list[Scheduler] = []
+
+    def make(**kw: Any) -> tuple[Scheduler, CountPipeline]:
+        pipeline = CountPipeline()
+        sched = Scheduler({"count": pipeline}, **kw)
+        sched.start()
+        made.append(sched)
+        return sched, pipeline
+
+    yield make
+    for s in made:
+        s.stop()
+
+
+def wait_idle(sched: Scheduler, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = sched.stats()
+        if st.active == st.queued == st.running_steps == 0:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"scheduler still busy: {sched.stats()}")
+
+
+def test_chunks_arrive_in_order_then_end(make_scheduler):
+    sched, _ = make_scheduler(workers=2)
+    sink = Collector()
+    sched.submit("r1", {"pipeline": "count", "steps": 5}, sink)
+    assert sink.ended.wait(5)
+    assert [c["i"] for c in sink.chunks[:-1]] == [0, 1, 2, 3, 4]
+    assert sink.chunks[-1] == {"type": "end", "status": "ok", "steps": 5}
+    wait_idle(sched)
+
+
+def test_request_with_no_work_ends_at_once(make_scheduler):
+    sched, _ = make_scheduler()
+    sink = Collector()
+    sched.submit("r0", {"pipeline": "count", "steps": 0}, sink)
+    assert sink.ended.wait(2)
+    assert sink.chunks == [{"type": "end", "status": "ok", "steps": 0}]
+
+
+def test_equal_shapes_from_many_requests_are_batched(make_scheduler):
+    sched, pipeline = make_scheduler(workers=1, max_batch=8)
+    sinks = [Collector() for _ in range(8)]
+    blocker = Collector()
+    # Hold the only worker so the other requests' first steps are all ready together.
+    sched.submit("slow", {"pipeline": "count", "steps": 1, "delay": 0.2}, blocker)
+    time.sleep(0.05)
+    for i, sink in enumerate(sinks):
+        sched.submit(f"r{i}", {"pipeline": "count", "steps": 3}, sink)
+    for sink in sinks:
+        assert sink.ended.wait(5)
+        assert [c["i"] for c in sink.chunks[:-1]] == [0, 1, 2]
+    assert max(pipeline.loops[0].batch_sizes) == 8
+    assert sched.stats().batches_total >= 3
+    wait_idle(sched)
+
+
+def test_max_batch_caps_batches(make_scheduler):
+    sched, pipeline = make_scheduler(workers=1, max_batch=3)
+    blocker = Collector()
+    sched.submit("slow", {"pipeline": "count", "steps": 1, "delay": 0.2}, blocker)
+    time.sleep(0.05)
+    sinks = [Collector() for _ in range(7)]
+    for i, sink in enumerate(sinks):
+        sched.submit(f"r{i}", {"pipeline": "count", "steps": 2}, sink)
+    for sink in sinks:
+        assert sink.ended.wait(5)
+    assert max(pipeline.loops[0].batch_sizes) == 3
+
+
+def test_abort_stops_between_steps_and_frees_the_engine(make_scheduler):
+    sched, _ = make_scheduler(workers=2)
+    sink = Collector()
+    sched.submit("long", {"pipeline": "count", "steps": 1000, "delay": 0.01}, sink)
+    while len(sink.chunks) < 3:
+        time.sleep(0.005)
+    assert sched.abort("long") is True
+    assert sink.ended.wait(1)
+    assert sink.chunks[-1] == {"type": "end", "status": "cancelled"}
+    wait_idle(sched, timeout=1.0)
+    steps = sched.stats().steps_total
+    time.sleep(0.1)
+    assert sched.stats().steps_total == steps  # nothing keeps running for the cancelled request
+    assert len(sink.chunks) < 20
+    assert sched.abort("long") is False
+
+
+def test_abort_of_a_queued_request(make_scheduler):
+    sched, _ = make_scheduler(workers=1, max_active=1, max_queued=4)
+    first, second = Collector(), Collector()
+    sched.submit("a", {"pipeline": "count", "steps": 50, "delay": 0.01}, first)
+    sched.submit("b", {"pipeline": "count", "steps": 5}, second)
+    assert sched.stats().queued == 1
+    assert sched.abort("b")
+    assert second.chunks == [{"type": "end", "status": "cancelled"}]
+    sched.abort("a")
+    wait_idle(sched)
+
+
+def test_admission_control_refuses_at_once_when_full(make_scheduler):
+    sched, _ = make_scheduler(workers=1, max_active=1, max_queued=1)
+    a, b = Collector(), Collector()
+    sched.submit("a", {"pipeline": "count", "steps": 20, "delay": 0.01}, a)
+    sched.submit("b", {"pipeline": "count", "steps": 2}, b)
+    started = time.monotonic()
+    with pytest.raises(AdmissionError):
+        sched.submit("c", {"pipeline": "count", "steps": 1}, Collector())
+    assert time.monotonic() - started < 0.5
+    # The queued request runs once the active one finishes.
+    assert a.ended.wait(5) and b.ended.wait(5)
+    assert b.chunks[-1]["status"] == "ok"
+    wait_idle(sched)
+
+
+def test_a_failing_step_ends_only_its_request(make_scheduler, caplog):
+    sched, _ = make_scheduler(workers=1, max_batch=1)
+    bad, good = Collector(), Collector()
+    sched.submit("bad", {"pipeline": "count", "steps": 5, "fail_at": 2}, bad)
+    sched.submit("good", {"pipeline": "count", "steps": 5}, good)
+    assert bad.ended.wait(5) and good.ended.wait(5)
+    assert bad.chunks[-1] == {"type": "end", "status": "error", "message": "generation failed"}
+    assert "secret internal detail" not in repr(bad.chunks)  # logged, never sent
+    assert "secret internal detail" in caplog.text
+    assert good.chunks[-1]["status"] == "ok"
+    # The worker survived: a new request still runs.
+    again = Collector()
+    sched.submit("again", {"pipeline": "count", "steps": 2}, again)
+    assert again.ended.wait(5) and again.chunks[-1]["status"] == "ok"
+
+
+def test_invalid_requests_are_refused_before_admission(make_scheduler):
+    sched, _ = make_scheduler()
+    with pytest.raises(ValueError, match="unknown pipeline"):
+        sched.submit("x", {"pipeline": "nope"}, Collector())
+    with pytest.raises(ValueError, match="steps must be"):
+        sched.submit("y", {"pipeline": "count", "steps": -1}, Collector())
+    assert sched.stats().active == 0
+
+
+def test_new_request_is_served_before_a_stream_that_is_ahead(make_scheduler):
+    """Earliest deadline first: a stream with buffered media yields to a request with none yet."""
+    sched, _ = make_scheduler(workers=1, max_batch=1)
+    long, fresh = Collector(), Collector()
+    sched.submit("long", {"pipeline": "count", "steps": 400, "delay": 0.002}, long)
+    while len(long.chunks) < 50:  # 5 s of media emitted in ~0.1 s: far ahead of its listener
+        time.sleep(0.005)
+    sched.submit("fresh", {"pipeline": "count", "steps": 1}, fresh)
+    assert fresh.ended.wait(1)
+    assert not long.ended.is_set()
+    sched.abort("long")

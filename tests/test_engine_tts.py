@@ -1,0 +1,115 @@
+"""The real voice on the engine: talker → vocoder through the scheduler equals hibari's own synthesis."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+from hibari import Hibari
+
+from omniweb.engine.scheduler import Scheduler
+from speech.tts.loops import PIPELINE, TtsPipeline
+
+TEXT = "The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore. Is it done?"
+
+
+@pytest.fixture(scope="module")
+def pipeline() -> TtsPipeline:
+    return TtsPipeline()
+
+
+@pytest.fixture(scope="module")
+def hibari_voice() -> Hibari:
+    return Hibari()
+
+
+def synthesize(pipeline: TtsPipeline, workers: int = 2, **request: Any) -> list[dict[str, Any]]:
+    sched = Scheduler({PIPELINE: pipeline}, workers=workers)
+    sched.start()
+    chunks: list[dict[str, Any]] = []
+    ended = threading.Event()
+
+    def sink(chunk: dict[str, Any]) -> None:
+        chunks.append(chunk)
+        if chunk["type"] == "end":
+            ended.set()
+
+    try:
+        sched.submit("r", {"pipeline": PIPELINE, **request}, sink)
+        assert ended.wait(30)
+    finally:
+        sched.stop()
+    return chunks
+
+
+def pcm16(wave: np.ndarray) -> bytes:
+    return (np.clip(wave, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+@pytest.mark.parametrize("first_chunk_frames", [None, 1, 3, 40])
+def test_streamed_audio_equals_one_shot_synthesis(pipeline, hibari_voice, first_chunk_frames):
+    chunks = synthesize(pipeline, text=TEXT, seed=1234, first_chunk_frames=first_chunk_frames)
+    streamed = b"".join(c["pcm"] for c in chunks if c["type"] == "audio")
+    assert streamed == pcm16(hibari_voice(TEXT, seed=1234))
+    assert sum(1 for c in chunks if c["type"] == "audio") > 10  # many vocoder chunks, not one blob
+
+
+def test_sentences_are_announced_in_order_around_their_audio(pipeline):
+    chunks = synthesize(pipeline, text=TEXT, seed=1)
+    kinds = [(c["type"], c.get("sentence_index")) for c in chunks if c["type"] != "audio"]
+    assert kinds == [
+        ("sentence.start", 0),
+        ("sentence.end", 0),
+        ("sentence.start", 1),
+        ("sentence.end", 1),
+        ("sentence.start", 2),
+        ("sentence.end", 2),
+        ("end", None),
+    ]
+    assert chunks[-1] == {"type": "end", "status": "ok", "total_sentences": 3}
+    texts = [c["text"] for c in chunks if c["type"] == "sentence.start"]
+    assert texts == [
+        "The quick brown fox jumps over the lazy dog.",
+        "She sells sea shells by the sea shore.",
+        "Is it done?",
+    ]
+
+
+def test_audio_is_speech_like(pipeline):
+    chunks = synthesize(pipeline, text="The quick brown fox jumps over the lazy dog.", seed=3)
+    pcm = np.frombuffer(b"".join(c["pcm"] for c in chunks if c["type"] == "audio"), "<i2") / 32768.0
+    seconds = pcm.size / 24000
+    assert 0.2 * 9 <= seconds <= 0.6 * 9  # nine words at a speaking pace
+    assert np.sqrt(np.mean(pcm**2)) > 0.02  # not silent
+    frames = pcm[: pcm.size // 240 * 240].reshape(-1, 240)
+    loud = np.sqrt((frames**2).mean(axis=1)) > 0.01
+    assert 0.4 < loud.mean() < 0.98  # speech has pauses; noise or silence would not
+
+
+def test_word_timestamps_come_from_the_model(pipeline):
+    chunks = synthesize(pipeline, text="Hello brave new world.", seed=3, timestamps=True)
+    end = next(c for c in chunks if c["type"] == "sentence.end")
+    words = end["timestamps"]
+    assert [w["word"] for w in words] == ["Hello", "brave", "new", "world."]
+    total_ms = sum(len(c["pcm"]) for c in chunks if c["type"] == "audio") / 48
+    starts = [w["start_ms"] for w in words]
+    assert starts == sorted(starts) and words[0]["start_ms"] > 0
+    assert all(w["start_ms"] < w["end_ms"] <= total_ms for w in words)
+
+
+def test_speed_and_frame_cap(pipeline):
+    def seconds(**kw: Any) -> float:
+        chunks = synthesize(pipeline, text="A sentence of moderate length for timing.", seed=5, **kw)
+        return sum(len(c["pcm"]) for c in chunks if c["type"] == "audio") / 48000
+
+    normal, fast = seconds(speed=1.0), seconds(speed=2.0)
+    assert fast < normal * 0.7
+    assert seconds(max_frames=40) == pytest.approx(40 * 0.0125)
+
+
+def test_blank_text_gives_no_sentences(pipeline):
+    for text in ("", "   ", "\n\n"):
+        chunks = synthesize(pipeline, text=text)
+        assert chunks == [{"type": "end", "status": "ok", "total_sentences": 0}]
