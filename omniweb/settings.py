@@ -66,7 +66,7 @@ ASGI_APPLICATION = "omniweb.asgi.application"
 DATABASES: dict[str, dict[str, str]] = {}  # omniweb stores nothing
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [d for d in [BASE_DIR / "static"] if d.is_dir()]  # the page's assets land here
 STATIC_ROOT = BASE_DIR / "staticfiles"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True

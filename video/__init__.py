@@ -1,0 +1,1 @@
+"""Streaming video understanding (``/v1/video/chat/stream``); its consumer and loops land with their issue."""
