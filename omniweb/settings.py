@@ -87,6 +87,9 @@ ENGINE_WORKERS = env_int("ENGINE_WORKERS", min(2, os.cpu_count() or 1))
 ENGINE_MAX_ACTIVE = env_int("ENGINE_MAX_ACTIVE", 128)
 ENGINE_MAX_QUEUED = env_int("ENGINE_MAX_QUEUED", 256)
 ENGINE_MAX_BATCH = env_int("ENGINE_MAX_BATCH", 16)
+# A new request's first audio is scheduled as if due this long after it arrives: streams already
+# playing with less buffered audio than that are served first, so a burst of arrivals can't starve them.
+ENGINE_FIRST_AUDIO_BUDGET_MS = env_int("ENGINE_FIRST_AUDIO_BUDGET_MS", 150)
 ENGINE_PRELOAD = env_bool("ENGINE_PRELOAD", True)
 
 # Voice (hibari-tts).

@@ -9,6 +9,7 @@ arrives meanwhile is kept, in order, and handled once the utterance is done.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import logging
@@ -71,11 +72,13 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         self.pending_bytes = 0
         self.utterance: _Utterance | None = None
         self.generation: asyncio.Task[None] | None = None
-        self.last_activity = asyncio.get_running_loop().time()
-        await self.accept()
-        # First use may load the model: keep that off the event loop.
+        # First use may load the model: keep that off the event loop, and before the handshake so
+        # the config clock only starts once the session can be served.
         self.engine: EngineClient = await asyncio.to_thread(get_engine_client)
         self.caps = capabilities()
+        self.activity = asyncio.Event()
+        self.last_activity = asyncio.get_running_loop().time()
+        await self.accept()
         self.watchdog = asyncio.ensure_future(self._watch_timeouts())
         self.handlers: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
             "input.text": self.on_input_text,
@@ -96,7 +99,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
 
     # -- the single reader -------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        self.last_activity = asyncio.get_running_loop().time()
+        self.touch()
         if self.state is SessionState.CLOSED:
             return
         if self.state is SessionState.GENERATING:
@@ -216,13 +219,13 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             raise
         except Exception:
             logger.exception("utterance %d failed", utt.index)
-            await self._end_utterance(utt, failed=True)
+            await self._end_utterance(utt, config, failed=True)
         self.utterance = None
         self.utterance_index += 1
         if self.state is SessionState.CLOSED:
             return
         self.state = SessionState.READY
-        self.last_activity = asyncio.get_running_loop().time()
+        self.touch()  # the idle clock restarts when the utterance ends
         await self._replay_pending()
 
     async def _replay_pending(self) -> None:
@@ -257,13 +260,13 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             if status == "ok":
                 await self.send_json(protocol.session_done(utt.index, utt.sentences))
             elif status == "cancelled" and utt.cancelled:
-                await self._end_utterance(utt, cancelled=True)
+                await self._end_utterance(utt, config, cancelled=True)
             elif status == "busy":
                 await self.send_json(protocol.error(chunk["message"]))
                 await self.send_json(protocol.session_done(utt.index, 0))
             else:
                 logger.warning("utterance %d ended with %s: %s", utt.index, status, chunk.get("message"))
-                await self._end_utterance(utt, failed=True)
+                await self._end_utterance(utt, config, failed=True)
 
     async def _on_audio(self, utt: _Utterance, sentence: _Sentence, config: SessionConfig, pcm: bytes) -> None:
         if not config.stream_audio:
@@ -278,9 +281,18 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             await self.send(bytes_data=pcm)
         sentence.sent_bytes += len(pcm)
 
-    async def _end_utterance(self, utt: _Utterance, *, failed: bool = False, cancelled: bool = False) -> None:
-        """Close the open sentence (or the next one) with audio.done, then the utterance."""
-        sentence = utt.current or _Sentence(index=utt.sentences, text="")
+    async def _end_utterance(
+        self, utt: _Utterance, config: SessionConfig, *, failed: bool = False, cancelled: bool = False
+    ) -> None:
+        """Close the open sentence with audio.done, then the utterance.
+
+        Between sentences an empty sentence is opened and closed, so the client always gets its
+        ``audio.done`` with ``error``/``cancelled`` and every ``audio.done`` has its ``audio.start``.
+        """
+        sentence = utt.current
+        if sentence is None:
+            sentence = _Sentence(index=utt.sentences, text="")
+            await self.send_json(protocol.audio_start(config, utt.index, sentence.index, sentence.text))
         if failed:
             await self.send_json(
                 protocol.error(
@@ -310,16 +322,23 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             self.generation.cancel()
         await self.close()
 
+    def touch(self) -> None:
+        """Restart the idle clock and wake the watchdog to re-read it."""
+        self.last_activity = asyncio.get_running_loop().time()
+        self.activity.set()
+
     async def _watch_timeouts(self) -> None:
         loop = asyncio.get_running_loop()
         while self.state is not SessionState.CLOSED:
-            limit = settings.SPEECH_CONFIG_TIMEOUT if self.config is None else settings.SPEECH_IDLE_TIMEOUT
+            self.activity.clear()
             if self.state is SessionState.GENERATING:
-                await asyncio.sleep(limit)  # the idle clock restarts when the utterance ends
+                await self.activity.wait()  # no idle timeout while an utterance streams
                 continue
+            limit = settings.SPEECH_CONFIG_TIMEOUT if self.config is None else settings.SPEECH_IDLE_TIMEOUT
             remaining = self.last_activity + limit - loop.time()
             if remaining > 0:
-                await asyncio.sleep(remaining)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.activity.wait(), remaining)
                 continue
             if self.config is None:
                 await self.fail("Timeout waiting for session.config")

@@ -12,13 +12,15 @@ from difflib import SequenceMatcher
 from itertools import accumulate
 from typing import Literal, TypedDict
 
-from hibari import Hibari
+from hibari.tts import _SENT_END, _ends_sentence
 
 Granularity = Literal["sentence", "clause", "none"]
 
 # A clause ends at , ; : or a dash/ellipsis then whitespace ("1,250" stays whole).
 _CLAUSE_BREAK = re.compile(r"(?<=[,;:—–…])\s+")
 _ALNUM = re.compile(r"[^\W_]")
+# What hibari's sentence split drops after . ! ? …: closing quotes and brackets (never spoken).
+_CLOSERS_AT_END = re.compile(r"(?<=[.!?…])[\"”’)\]]+$")
 
 # One predicted duration unit is 2 acoustic frames = 600 samples at 24 kHz.
 DURATION_UNIT_MS = 25.0
@@ -36,25 +38,41 @@ class WordTiming(TypedDict):
 
 
 def split_text(text: str, granularity: Granularity) -> list[str]:
-    """Cut text into the units the server synthesizes one at a time.
+    """Cut text into the units the server synthesizes one at a time, as the client wrote them.
 
-    "sentence" reuses hibari's own splitter, so synthesizing sentence by sentence
-    equals its one-shot call; "clause" cuts each sentence further for lower
-    first-audio latency; "none" keeps the text whole.
+    "sentence" cuts where hibari's own splitter does (so synthesizing sentence by sentence
+    equals its one-shot call) but keeps closing quotes with their sentence; "clause" cuts each
+    sentence further for lower first-audio latency; "none" keeps the text whole. Pieces with
+    nothing to say ("...") join a neighbour; text with nothing to say at all gives no pieces.
     """
     if not text or not text.strip():
         return []
     if granularity == "none":
-        return [text.strip()]
-    sentences = [s.strip() for s in Hibari.split_sentences(text)]
-    sentences = [s for s in sentences if s]
+        return [text.strip()] if _ALNUM.search(text) else []
+    sentences = _sentences(text)
     if granularity == "sentence":
-        return sentences
+        return _merge_speechless(sentences)
     if granularity == "clause":
-        return _merge_speechless(
-            [piece for s in sentences for piece in _split_clauses(s)]
-        )
+        return _merge_speechless([piece for s in sentences for piece in _split_clauses(s)])
     raise ValueError(f"unknown granularity {granularity!r}")
+
+
+def model_text(piece: str) -> str:
+    """The piece as hibari's splitter hands it to the model (closing quotes after the end dropped)."""
+    return _CLOSERS_AT_END.sub("", piece)
+
+
+def _sentences(text: str) -> list[str]:
+    """hibari's ``Hibari.split_sentences`` boundaries, keeping the closers its split drops."""
+    out: list[str] = []
+    for para in re.split(r"\n\s*\n|\n", text.strip()):
+        para, cut = para.strip(), 0
+        for m in _SENT_END.finditer(para):
+            if _ends_sentence(para, m.start(), para[m.end()]):
+                out.append(para[cut : m.end()])
+                cut = m.end()
+        out.append(para[cut:])
+    return [s.strip() for s in out if s.strip()]
 
 
 def _split_clauses(sentence: str) -> list[str]:
@@ -96,9 +114,7 @@ def _merge_speechless(pieces: list[str]) -> list[str]:
             continue
         out.append(f"{pending} {piece}" if pending else piece)
         pending = ""
-    if pending:  # nothing speakable anywhere: keep the text rather than drop it
-        out.append(pending)
-    return out
+    return out  # nothing speakable anywhere: nothing to synthesize
 
 
 # -- word timestamps -------------------------------------------------------------------
@@ -147,9 +163,7 @@ def align_words(
             if tag == "equal":
                 spans[b0:b1] = seg_times[a0:a1]
             elif tag != "delete":
-                spans[b0:b1] = _align_chars(
-                    seg_key[a0:a1], seg_times[a0:a1], cli_key[b0:b1]
-                )
+                spans[b0:b1] = _align_chars(seg_key[a0:a1], seg_times[a0:a1], cli_key[b0:b1])
 
     first: list[float | None] = [None] * len(words)
     last: list[float | None] = [None] * len(words)
@@ -179,9 +193,7 @@ def _ms(units: float) -> int:
 
 def _phones(ps: str, vocab: dict[str, int]) -> str:
     """The sounding characters of a phoneme string: what both sides are compared on."""
-    return "".join(
-        c for c in ps if c in vocab and c not in _NOT_PHONE and not c.isspace()
-    )
+    return "".join(c for c in ps if c in vocab and c not in _NOT_PHONE and not c.isspace())
 
 
 def _segment_phones(
@@ -211,9 +223,7 @@ def _segment_phones(
                     tok = []
             elif c in vocab and c not in _NOT_PHONE:
                 tok.append(c)
-                times.append(
-                    (offset + cum[min(index, n)], offset + cum[min(index + 1, n)])
-                )
+                times.append((offset + cum[min(index, n)], offset + cum[min(index + 1, n)]))
             if c in vocab:
                 index += 1
         if tok:
@@ -222,9 +232,7 @@ def _segment_phones(
     return tokens, times, speech_start or 0.0
 
 
-def _word_phones(
-    words: list[str], vocab: dict[str, int], g2p: Callable[[str], str]
-) -> tuple[list[str], list[int]]:
+def _word_phones(words: list[str], vocab: dict[str, int], g2p: Callable[[str], str]) -> tuple[list[str], list[int]]:
     """Phoneme words of each client word on its own, and each kept character's word."""
     cache: dict[str, list[str]] = {}
     tokens: list[str] = []
@@ -232,9 +240,7 @@ def _word_phones(
     for w, word in enumerate(words):
         toks = cache.get(word)
         if toks is None:
-            toks = cache[word] = [
-                t for p in (g2p(word) or "").split() if (t := _phones(p, vocab))
-            ]
+            toks = cache[word] = [t for p in (g2p(word) or "").split() if (t := _phones(p, vocab))]
         for t in toks:
             tokens.append(t)
             owner.extend([w] * len(t))
@@ -250,9 +256,7 @@ def _align_chars(seg: str, seg_times: Sequence[Span], cli: str) -> list[Span | N
     out: list[Span | None] = [None] * len(cli)
     if not seg:
         return out
-    for tag, i1, i2, j1, j2 in SequenceMatcher(
-        None, seg, cli, autojunk=False
-    ).get_opcodes():
+    for tag, i1, i2, j1, j2 in SequenceMatcher(None, seg, cli, autojunk=False).get_opcodes():
         if tag == "equal":
             out[j1:j2] = seg_times[i1:i2]
         elif tag == "replace":

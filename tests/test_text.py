@@ -41,9 +41,7 @@ NUMBERS = "On the 3rd of March 2024, 1,250 people paid $9.99 each."
 )
 def test_split_sentences(text: str, expected: list[str]) -> None:
     assert split_text(text, "sentence") == expected
-    assert split_text(text, "sentence") == [
-        s.strip() for s in Hibari.split_sentences(text)
-    ]
+    assert split_text(text, "sentence") == [s.strip() for s in Hibari.split_sentences(text)]
 
 
 @pytest.mark.parametrize(
@@ -84,16 +82,12 @@ VOCAB = {c: i for i, c in enumerate(" .,ˈabcdxyz", start=1)}
 
 
 def fake_g2p(word: str) -> str:
-    return {"ab": "ˈab", "cd": "cd.", "two": "ab cd", "x": "x", "-": ""}.get(
-        word.strip(".,"), word
-    )
+    return {"ab": "ˈab", "cd": "cd.", "two": "ab cd", "x": "x", "-": ""}.get(word.strip(".,"), word)
 
 
 def test_align_arithmetic_one_segment() -> None:
     # ids: pad ˈ a b ␣ c d . pad ('?' is not in the vocab); only a b c d are matched.
-    out = align_words(
-        "ab cd.", [("ˈab c?d.", [4, 1, 1, 2, 1, 2, 3, 5, 1])], VOCAB, fake_g2p
-    )
+    out = align_words("ab cd.", [("ˈab c?d.", [4, 1, 1, 2, 1, 2, 3, 5, 1])], VOCAB, fake_g2p)
     # units: ˈ 4..5, a 5..6, b 6..8, space 8..9, c 9..11, d 11..14 (25 ms each)
     assert out == [
         {"word": "ab", "start_ms": 125, "end_ms": 200},
@@ -147,12 +141,8 @@ class Model:
 def model() -> Model:
     tts = Hibari()
     m = onnx.load(tts.model_path)
-    m.graph.output.append(
-        onnx.helper.make_tensor_value_info(DURATIONS, onnx.TensorProto.INT64, None)
-    )
-    sess = onnxruntime.InferenceSession(
-        m.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    m.graph.output.append(onnx.helper.make_tensor_value_info(DURATIONS, onnx.TensorProto.INT64, None))
+    sess = onnxruntime.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     return Model(tts, sess)
 
 
@@ -165,10 +155,8 @@ def assert_well_formed(text: str, out: list[dict], total: float) -> None:
     starts, ends = [w["start_ms"] for w in out], [w["end_ms"] for w in out]
     assert all(isinstance(x, int) for x in starts + ends)
     assert starts == sorted(starts) and ends == sorted(ends)
-    assert all(s <= e for s, e in zip(starts, ends))
-    assert all(
-        e <= s for e, s in zip(ends, starts[1:], strict=False)
-    )  # words don't overlap
+    assert all(s <= e for s, e in zip(starts, ends, strict=True))
+    assert all(e <= s for e, s in zip(ends, starts[1:], strict=False))  # words don't overlap
     assert starts[0] >= 0 and ends[-1] <= total
 
 
@@ -177,9 +165,7 @@ def test_durations_match_audio_length(model: Model) -> None:
     ((ps, durations),) = model.segments(FOX)
     ids = model.tts.ids(ps)
     assert len(durations) == len(ids)
-    assert len(model.tts.from_ids(ids, rng=np.random.default_rng(0))) == 600 * sum(
-        durations
-    )
+    assert len(model.tts.from_ids(ids, rng=np.random.default_rng(0))) == 600 * sum(durations)
 
 
 def test_align_fox(model: Model) -> None:
@@ -192,13 +178,9 @@ def test_align_fox(model: Model) -> None:
     assert out[0]["start_ms"] == DURATION_UNIT_MS * durations[0]
     assert 250 <= out[0]["start_ms"] <= 450
     # "dog." ends where the final "." pause and the trailing pad begin.
-    assert out[-1]["end_ms"] == total - DURATION_UNIT_MS * (
-        durations[-1] + durations[-2]
-    )
+    assert out[-1]["end_ms"] == total - DURATION_UNIT_MS * (durations[-1] + durations[-2])
     assert all(40 <= w["end_ms"] - w["start_ms"] <= 700 for w in out)
-    assert all(
-        w["end_ms"] < n["start_ms"] for w, n in pairwise(out)
-    )  # a space's time between words
+    assert all(w["end_ms"] < n["start_ms"] for w, n in pairwise(out))  # a space's time between words
 
 
 def test_align_numbers(model: Model) -> None:

@@ -47,7 +47,9 @@ class WorkPlan:
     ``run`` computes the step alone; ``batch_run`` (shared by all plans of one shape signature)
     computes several plans' steps in one call and returns one ``StepResult`` per plan, in order.
     ``emits`` names the client streams the step feeds, so the scheduler can favour steps the
-    listener is waiting for.
+    listener is waiting for. ``due`` says when the step's output is needed, as a position (seconds)
+    on the request's media timeline: a vocoder chunk is due where the audio sent so far ends; the
+    talker's next sentence is due where the audio already synthesized ends. ``None``: due now.
     """
 
     kind: str
@@ -58,6 +60,7 @@ class WorkPlan:
     payload: Any = None
     batch_run: Callable[[Sequence[WorkPlan]], list[StepResult]] | None = None
     label: str = ""
+    due: float | None = None
 
 
 class Done:

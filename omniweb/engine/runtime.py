@@ -33,6 +33,7 @@ def get_scheduler() -> Scheduler:
                 max_active=settings.ENGINE_MAX_ACTIVE,
                 max_queued=settings.ENGINE_MAX_QUEUED,
                 max_batch=settings.ENGINE_MAX_BATCH,
+                first_media_budget=settings.ENGINE_FIRST_AUDIO_BUDGET_MS / 1000.0,
             )
             sched.start()
             _scheduler = sched

@@ -22,6 +22,7 @@ from .contracts import DONE, WAITING, Loop, Pipeline, StepResult, WorkPlan
 logger = logging.getLogger(__name__)
 
 Sink = Callable[[dict[str, Any]], None]
+STREAM_GUARD = 0.1  # seconds: a playing stream this close to running dry outranks any new request
 
 
 class AdmissionError(RuntimeError):
@@ -50,11 +51,23 @@ class _Job:
     media_seconds: float = 0.0
     finished: bool = False
 
-    def deadline(self) -> float:
-        """When the listener runs out of media: earliest-deadline-first keeps every stream fed."""
+    def deadline(self, plan: WorkPlan, first_media_budget: float, now: float) -> float:
+        """Wall-clock time by which ``plan`` must have run for the listener to hear no gap.
+
+        Until its first media a request aims at ``submitted_at + first_media_budget`` but never
+        ahead of a playing stream that would run dry within ``STREAM_GUARD``: a burst of arrivals
+        may wait for its first audio, a stream that has started must not stutter. After its first
+        media a request's timeline is anchored at that moment. Earliest deadline first then keeps
+        every stream fed and runs look-ahead work (the talker's next sentence) when it is needed.
+        """
+        due = self.media_seconds if plan.due is None else plan.due
         if self.first_media_at is None:
-            return self.submitted_at
-        return self.first_media_at + self.media_seconds
+            return max(self.submitted_at + first_media_budget, now + STREAM_GUARD) + due
+        return self.first_media_at + due
+
+    def ready(self, plan: WorkPlan) -> bool:
+        """Look-ahead work waits for the request's first media so it cannot slow that down."""
+        return self.first_media_at is not None or not plan.due
 
     def busy(self) -> bool:
         return any(e.busy for e in self.entries)
@@ -81,12 +94,14 @@ class Scheduler:
         max_active: int = 128,
         max_queued: int = 256,
         max_batch: int = 16,
+        first_media_budget: float = 0.15,
     ) -> None:
         self._pipelines = pipelines
         self._n_workers = max(1, workers)
         self._max_active = max(1, max_active)
         self._max_queued = max(0, max_queued)
         self._max_batch = max(1, max_batch)
+        self._budget = max(0.0, first_media_budget)
         self._cond = threading.Condition()
         self._active: dict[str, _Job] = {}
         self._queued: deque[_Job] = deque()
@@ -203,28 +218,27 @@ class Scheduler:
                 e.plan = nxt  # type: ignore[assignment]
 
     def _pick(self) -> list[tuple[_Job, _Entry]]:
-        best: tuple[tuple[float, int], _Job, _Entry] | None = None
-        ready: list[tuple[_Job, _Entry]] = []
+        ready: list[tuple[tuple[float, int], _Job, _Entry]] = []
+        now = time.monotonic()
         for job in self._active.values():
             self._poll(job)
             for e in job.entries:
-                if e.plan is None or e.busy:
+                if e.plan is None or e.busy or not job.ready(e.plan):
                     continue
-                ready.append((job, e))
-                key = (job.deadline(), 0 if e.plan.emits else 1)
-                if best is None or key < best[0]:
-                    best = (key, job, e)
-        if best is None:
+                key = (job.deadline(e.plan, self._budget, now), 0 if e.plan.emits else 1)
+                ready.append((key, job, e))
+        if not ready:
             return []
-        _, job, entry = best
+        ready.sort(key=lambda item: item[0])
+        _, job, entry = ready[0]
         batch = [(job, entry)]
         plan = entry.plan
         assert plan is not None
         if plan.batch_run is not None and self._max_batch > 1:
-            for other_job, other in sorted(ready, key=lambda je: je[0].deadline()):
+            for _, other_job, other in ready[1:]:  # most urgent first
                 if len(batch) >= self._max_batch:
                     break
-                if other is not entry and other.plan is not None and other.plan.shape == plan.shape:
+                if other.plan is not None and other.plan.shape == plan.shape:
                     batch.append((other_job, other))
         return batch
 

@@ -34,6 +34,8 @@ from .vocoder import SAMPLE_RATE, VocoderStream, run_chunks_batched
 PIPELINE = "speech.tts"
 SENTENCES = "sentences"  # slot: deque[SentenceFrames], talker → vocoder
 TALKER_DONE = "talker_done"
+TALKER_LEAD_SECONDS = 1.0  # synthesize the next sentence this long before the listener needs it
+FRAME_SECONDS = 0.0125
 
 
 def rng_for(seed: int | None) -> np.random.Generator:
@@ -57,6 +59,7 @@ class TalkerState:
     slots: dict[str, Any]
     next_index: int = 0
     spoken: int = 0
+    synthesized_seconds: float = 0.0
 
 
 class TalkerLoop:
@@ -100,14 +103,16 @@ class TalkerLoop:
             estimate=ResourceEstimate(compute_seconds=2e-4 * len(text), resident_bytes=12_000 * len(text)),
             run=run,
             label=f"talker.sentence{state.next_index}",
+            due=max(0.0, state.synthesized_seconds - TALKER_LEAD_SECONDS),
         )
 
     def advance(self, state: TalkerState, result: StepResult) -> None:
         sentence: SentenceFrames = result.output
         state.next_index += 1
-        if sentence.segments:  # text with nothing to say ("...") is not a sentence on the wire
+        if sentence.segments:  # text with nothing to say is not a sentence on the wire
             state.slots[SENTENCES].append(sentence)
             state.spoken += 1
+            state.synthesized_seconds += FRAME_SECONDS * sum(s.n_frames for s in sentence.segments)
         if state.next_index >= len(state.sentences):
             state.slots[TALKER_DONE] = True
 

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from speech.protocol import Capabilities, available_formats
-from speech.text import align_words
+from speech.text import align_words, model_text
 
 from .vocoder import AcousticFrames, draw_noise
 
@@ -123,7 +123,7 @@ class HibariTalker:
         hib = self._hibari[voice]
         sess = self._sessions[voice]
         with self._g2p_lock:  # the G2P keeps per-call state; the ONNX run below is thread-safe
-            phonemes = hib.phonemize(text)
+            phonemes = hib.phonemize(model_text(text))
         segments: list[AcousticFrames] = []
         aligned: list[tuple[str, np.ndarray]] = []
         budget = max_frames

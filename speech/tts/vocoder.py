@@ -129,9 +129,7 @@ class VocoderStream:
     # -- internals -------------------------------------------------------------------
     def _check(self, start: int, stop: int) -> None:
         if start != self._next:
-            raise ValueError(
-                f"chunk starts at frame {start}, but the next frame is {self._next}"
-            )
+            raise ValueError(f"chunk starts at frame {start}, but the next frame is {self._next}")
         if not start <= stop <= self._n:
             raise ValueError(f"chunk [{start}, {stop}) is outside [{start}, {self._n}]")
 

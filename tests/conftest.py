@@ -1,0 +1,292 @@
+"""Shared fixtures for the streaming speech WebSocket tests (``tests/test_speech_*.py``).
+
+The tests drive the real ASGI application (``omniweb.asgi.application``, so the Origin check is in
+the path) with the real hibari voice on the process-wide engine. After every test the engine must be
+idle again (no active, queued or running work) and no task started by a consumer may be left on the
+test's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from channels.testing import WebsocketCommunicator
+
+SPEECH_PATH = "/v1/audio/speech/stream"
+RECEIVE_TIMEOUT = 20.0  # generous: a slow CI box still answers a short flush in well under a second
+IDLE_POLL_SECONDS = 2.0
+
+
+# -- message collection ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Closed:
+    """The server closed the socket (``websocket.close``)."""
+
+    code: int | None
+
+
+Message = dict[str, Any] | bytes | Closed
+
+
+@dataclass
+class Transcript:
+    """What the server sent, in order: JSON messages as dicts, binary frames as bytes."""
+
+    events: list[Message] = field(default_factory=list)
+
+    @property
+    def json(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if isinstance(e, dict)]
+
+    @property
+    def binary(self) -> list[bytes]:
+        return [e for e in self.events if isinstance(e, bytes)]
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.json if e.get("type") == kind]
+
+    @property
+    def types(self) -> list[str]:
+        """One label per event: the JSON ``type``, ``"<binary>"`` or ``"<close>"``."""
+        out = []
+        for e in self.events:
+            if isinstance(e, dict):
+                out.append(e.get("type", "?"))
+            elif isinstance(e, bytes):
+                out.append("<binary>")
+            else:
+                out.append("<close>")
+        return out
+
+    @property
+    def errors(self) -> list[str]:
+        return [e["message"] for e in self.of_type("error")]
+
+    @property
+    def closed(self) -> bool:
+        return any(isinstance(e, Closed) for e in self.events)
+
+    def sentences(self) -> list[Sentence]:
+        """Group the events between each audio.start and its audio.done."""
+        out: list[Sentence] = []
+        current: Sentence | None = None
+        for e in self.events:
+            if isinstance(e, dict) and e.get("type") == "audio.start":
+                assert current is None, f"audio.start inside an open sentence: {e}"
+                current = Sentence(start=e)
+            elif isinstance(e, dict) and e.get("type") == "audio.done":
+                assert current is not None, f"audio.done without audio.start: {e}"
+                current.done = e
+                out.append(current)
+                current = None
+            elif current is not None:
+                current.events.append(e)
+        assert current is None, "a sentence was left open"
+        return out
+
+
+@dataclass
+class Sentence:
+    start: dict[str, Any]
+    events: list[Message] = field(default_factory=list)
+    done: dict[str, Any] | None = None
+
+    @property
+    def binary(self) -> list[bytes]:
+        return [e for e in self.events if isinstance(e, bytes)]
+
+    @property
+    def chunks(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if isinstance(e, dict) and e.get("type") == "audio.chunk"]
+
+    @property
+    def audio(self) -> bytes:
+        return b"".join(self.binary)
+
+
+async def receive(comm: WebsocketCommunicator, timeout: float = RECEIVE_TIMEOUT) -> Message:
+    """The next thing the server sent: a JSON dict, binary bytes, or ``Closed``."""
+    out = await comm.receive_output(timeout)
+    if out["type"] == "websocket.close":
+        return Closed(out.get("code"))
+    assert out["type"] == "websocket.send", out
+    if out.get("text") is not None:
+        return json.loads(out["text"])
+    return out["bytes"]
+
+
+async def receive_until(
+    comm: WebsocketCommunicator,
+    stop: Callable[[Message], bool],
+    timeout: float = RECEIVE_TIMEOUT,
+) -> Transcript:
+    """Collect messages up to and including the first one for which ``stop`` is true (or a close)."""
+    transcript = Transcript()
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        remaining = deadline - asyncio.get_running_loop().time()
+        assert remaining > 0, f"timed out; got {transcript.types}"
+        msg = await receive(comm, remaining)
+        transcript.events.append(msg)
+        if isinstance(msg, Closed) or stop(msg):
+            return transcript
+
+
+def is_type(kind: str) -> Callable[[Message], bool]:
+    return lambda m: isinstance(m, dict) and m.get("type") == kind
+
+
+async def receive_until_done(comm: WebsocketCommunicator, timeout: float = RECEIVE_TIMEOUT) -> Transcript:
+    """Collect one utterance's messages up to and including its ``session.done``."""
+    transcript = await receive_until(comm, is_type("session.done"), timeout)
+    assert not transcript.closed, f"socket closed before session.done: {transcript.types} {transcript.errors}"
+    return transcript
+
+
+async def receive_json(comm: WebsocketCommunicator, timeout: float = RECEIVE_TIMEOUT) -> dict[str, Any]:
+    msg = await receive(comm, timeout)
+    assert isinstance(msg, dict), f"expected a JSON message, got {msg!r:.200}"
+    return msg
+
+
+async def expect_error(comm: WebsocketCommunicator, timeout: float = RECEIVE_TIMEOUT) -> str:
+    msg = await receive_json(comm, timeout)
+    assert msg["type"] == "error", msg
+    return msg["message"]
+
+
+async def expect_close(comm: WebsocketCommunicator, timeout: float = RECEIVE_TIMEOUT) -> Closed:
+    msg = await receive(comm, timeout)
+    assert isinstance(msg, Closed), f"expected the socket to close, got {msg!r:.200}"
+    return msg
+
+
+async def expect_silence(comm: WebsocketCommunicator, seconds: float = 0.2) -> None:
+    """Nothing more arrives (and the socket stays open) for ``seconds``."""
+    assert await comm.receive_nothing(timeout=seconds, interval=0.01)
+
+
+async def speak(comm: WebsocketCommunicator, text: str | list[str], timeout: float = RECEIVE_TIMEOUT) -> Transcript:
+    """Send the text (one or several input.text messages), flush, and collect through session.done."""
+    for part in [text] if isinstance(text, str) else text:
+        await comm.send_json_to({"type": "input.text", "text": part})
+    await comm.send_json_to({"type": "input.done"})
+    return await receive_until_done(comm, timeout)
+
+
+# -- engine and session fixtures -------------------------------------------------------------------
+
+
+def _engine_busy() -> tuple[bool, Any]:
+    from omniweb.engine import runtime
+
+    sched = runtime._scheduler
+    if sched is None:  # never started in this process (e.g. the pure-function tests): nothing to check
+        return False, None
+    stats = sched.stats()
+    return bool(stats.active or stats.queued or stats.running_steps), stats
+
+
+def wait_engine_idle(seconds: float = IDLE_POLL_SECONDS) -> Any:
+    """Poll the process-wide scheduler until it is idle; fail with its stats if it never is."""
+    deadline = time.monotonic() + seconds
+    while True:
+        busy, stats = _engine_busy()
+        if not busy:
+            return stats
+        assert time.monotonic() < deadline, f"engine still has work {seconds}s after the test: {stats}"
+        time.sleep(0.02)
+
+
+@pytest.fixture(autouse=True)
+def engine_left_idle() -> Iterator[None]:
+    """After each test: no active/queued requests and no running steps (abort is asynchronous)."""
+    yield
+    wait_engine_idle()
+
+
+@pytest.fixture(scope="session")
+def engine() -> Any:
+    """Start the process-wide engine (loads the voice) once, outside any test's time budget."""
+    from omniweb.engine.runtime import get_engine_client, get_scheduler
+
+    get_engine_client()
+    return get_scheduler()
+
+
+def _consumer_tasks() -> list[asyncio.Task[Any]]:
+    """Tasks on this loop still running code from the app (consumers, engine client, channels)."""
+    stray = []
+    for task in asyncio.all_tasks():
+        if task is asyncio.current_task() or task.done():
+            continue
+        coro = task.get_coro()
+        code = getattr(coro, "cr_code", None) or getattr(coro, "gi_code", None) or getattr(coro, "ag_code", None)
+        filename = code.co_filename if code is not None else repr(coro)
+        if any(part in filename for part in ("/speech/", "/omniweb/", "/channels/", "/asgiref/")) or (
+            "aclose" in repr(coro)
+        ):
+            stray.append(task)
+    return stray
+
+
+@pytest.fixture
+async def connect(engine: Any) -> AsyncIterator[Callable[..., Any]]:
+    """Factory: ``comm = await connect(headers=..., expect_accept=True)``; every socket is closed after."""
+    from omniweb.asgi import application
+
+    comms: list[WebsocketCommunicator] = []
+
+    async def factory(
+        path: str = SPEECH_PATH,
+        headers: list[tuple[bytes, bytes]] | None = None,
+        *,
+        expect_accept: bool = True,
+    ) -> WebsocketCommunicator:
+        comm = WebsocketCommunicator(application, path, headers=headers or [])
+        comms.append(comm)
+        connected, _ = await comm.connect(timeout=RECEIVE_TIMEOUT)
+        assert connected is expect_accept, f"connect returned {connected}, expected {expect_accept}"
+        return comm
+
+    yield factory
+
+    for comm in comms:
+        if not comm.future.done():
+            await comm.disconnect(timeout=5)
+    if any(comm.future.cancelled() for comm in comms):
+        # A receive timed out and the communicator cancelled the app (the test has failed already):
+        # the consumer never saw a disconnect, so its tasks are cleaned up here instead of reported.
+        stray = _consumer_tasks()
+        for task in stray:
+            task.cancel()
+        await asyncio.gather(*stray, return_exceptions=True)
+        return
+    # Cancelled tasks and async generators finalise on later loop iterations: poll briefly.
+    deadline = time.monotonic() + IDLE_POLL_SECONDS
+    while (stray := _consumer_tasks()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert not stray, f"tasks left running after the sessions closed: {stray}"
+    for comm in comms:  # an exception inside a consumer must not pass silently
+        if comm.future.done() and not comm.future.cancelled():
+            comm.future.result()
+
+
+async def configure(comm: WebsocketCommunicator, **fields: Any) -> None:
+    """Send a session.config that must be accepted (the server answers a valid config with nothing)."""
+    await comm.send_json_to({"type": "session.config", **fields})
+
+
+async def session(connect: Callable[..., Any], **fields: Any) -> WebsocketCommunicator:
+    """A connected socket with a session.config already sent."""
+    comm = await connect()
+    await configure(comm, **fields)
+    return comm
