@@ -70,6 +70,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         self.utterance_index = 0
         self.pending: deque[tuple[str | None, bytes | None]] = deque()
         self.pending_bytes = 0
+        self.replaying = False
         self.utterance: _Utterance | None = None
         self.generation: asyncio.Task[None] | None = None
         # First use may load the model: keep that off the event loop, and before the handshake so
@@ -102,10 +103,11 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         self.touch()
         if self.state is SessionState.CLOSED:
             return
-        if self.state is SessionState.GENERATING:
-            if text_data is not None and _is_cancel(text_data):
-                await self.cancel_utterance()
-                return
+        generating = self.state is SessionState.GENERATING
+        if generating and text_data is not None and _is_cancel(text_data):
+            await self.cancel_utterance()
+            return
+        if generating or self.replaying:  # keep arrival order behind the messages held so far
             size = len(text_data if text_data is not None else bytes_data or b"")
             if len(self.pending) >= MAX_PENDING_MESSAGES or self.pending_bytes + size > MAX_PENDING_BYTES:
                 await self.fail("Too many messages queued while audio is being generated")
@@ -229,10 +231,15 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         await self._replay_pending()
 
     async def _replay_pending(self) -> None:
-        while self.pending and self.state is SessionState.READY:
-            text_data, bytes_data = self.pending.popleft()
-            self.pending_bytes -= len(text_data if text_data is not None else bytes_data or b"")
-            await self.handle(text_data, bytes_data)
+        """Handle the held messages in order; new arrivals queue behind them until it is done."""
+        self.replaying = True
+        try:
+            while self.pending and self.state is SessionState.READY:
+                text_data, bytes_data = self.pending.popleft()
+                self.pending_bytes -= len(text_data if text_data is not None else bytes_data or b"")
+                await self.handle(text_data, bytes_data)
+        finally:
+            self.replaying = False
 
     async def _on_chunk(self, utt: _Utterance, config: SessionConfig, chunk: dict[str, Any]) -> None:
         kind = chunk["type"]
@@ -318,8 +325,9 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
     async def fail(self, message: str) -> None:
         await self.send_json(protocol.error(message))
         self.state = SessionState.CLOSED
-        if self.generation is not None and not self.generation.done():
-            self.generation.cancel()
+        task = self.generation
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
         await self.close()
 
     def touch(self) -> None:

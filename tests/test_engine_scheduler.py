@@ -43,6 +43,8 @@ class CountLoop:
     def next(self, state: CountState) -> WorkPlan | Any:
         if state.done >= state.steps:
             return DONE
+        if state.fail_at == -state.done - 1:  # fail_at=-n: next() itself raises before step n-1
+            raise KeyError("bookkeeping bug")
         i = state.done
 
         def run() -> StepResult:
@@ -251,3 +253,14 @@ def test_new_request_is_served_before_a_stream_that_is_ahead(make_scheduler):
     assert fresh.ended.wait(1)
     assert not long.ended.is_set()
     sched.abort("long")
+
+
+def test_a_loop_whose_next_raises_ends_only_its_request(make_scheduler):
+    sched, _ = make_scheduler(workers=1)
+    bad, good = Collector(), Collector()
+    sched.submit("bad", {"pipeline": "count", "steps": 5, "fail_at": -3}, bad)
+    sched.submit("good", {"pipeline": "count", "steps": 3}, good)
+    assert bad.ended.wait(5) and good.ended.wait(5)
+    assert bad.chunks[-1]["status"] == "error" and [c["i"] for c in bad.chunks[:-1]] == [0, 1]
+    assert good.chunks[-1]["status"] == "ok"
+    wait_idle(sched)

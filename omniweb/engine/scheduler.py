@@ -205,23 +205,31 @@ class Scheduler:
         while self._queued and len(self._active) < self._max_active:
             self._activate(self._queued.popleft())
 
-    def _poll(self, job: _Job) -> None:
+    def _poll(self, job: _Job) -> bool:
+        """Ask idle loops for their next step; False (and the request failed) if a loop raised."""
         for e in job.entries:
             if e.busy or e.done or e.plan is not None or e.waiting:
                 continue
-            nxt = e.loop.next(e.state)
+            try:
+                nxt = e.loop.next(e.state)
+            except Exception:
+                logger.exception("next() failed for request %s", job.request_id)
+                self._fail(job)
+                return False
             if nxt is DONE:
                 e.done = True
             elif nxt is WAITING:
                 e.waiting = True
             else:
                 e.plan = nxt  # type: ignore[assignment]
+        return True
 
     def _pick(self) -> list[tuple[_Job, _Entry]]:
         ready: list[tuple[tuple[float, int], _Job, _Entry]] = []
         now = time.monotonic()
-        for job in self._active.values():
-            self._poll(job)
+        for job in list(self._active.values()):  # a failing loop leaves the table mid-iteration
+            if not self._poll(job):
+                continue
             for e in job.entries:
                 if e.plan is None or e.busy or not job.ready(e.plan):
                     continue
@@ -243,9 +251,8 @@ class Scheduler:
         return batch
 
     def _finish_if_done(self, job: _Job) -> None:
-        if job.finished or job.busy():
+        if job.finished or job.busy() or not self._poll(job):
             return
-        self._poll(job)
         if not all(e.done for e in job.entries):
             if not any(e.plan is not None or e.busy for e in job.entries):
                 # Every loop waits on another: a pipeline bug, not something to hang a client on.

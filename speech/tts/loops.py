@@ -166,7 +166,7 @@ class VocoderLoop:
                 state.sentence = queue.popleft()
                 state.segment = 0
                 state.chunks_in_sentence = 0
-            state.stream = VocoderStream(state.sentence.segments[state.segment])
+            state.stream = state.sentence.segments[state.segment]
         return True
 
     def next(self, state: VocoderState) -> WorkPlan | Done | Waiting:

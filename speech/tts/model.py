@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from speech.protocol import Capabilities, available_formats
 from speech.text import align_words, model_text
 
-from .vocoder import AcousticFrames, draw_noise
+from .vocoder import AcousticFrames, VocoderStream, draw_noise
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class SentenceFrames:
 
     index: int
     text: str
-    segments: list[AcousticFrames]
+    segments: list[VocoderStream]  # one per phoneme segment, excitation already built
     timestamps: list[dict[str, int | str]] | None
 
 
@@ -124,7 +124,7 @@ class HibariTalker:
         sess = self._sessions[voice]
         with self._g2p_lock:  # the G2P keeps per-call state; the ONNX run below is thread-safe
             phonemes = hib.phonemize(model_text(text))
-        segments: list[AcousticFrames] = []
+        segments: list[VocoderStream] = []
         aligned: list[tuple[str, np.ndarray]] = []
         budget = max_frames
         for ps in phonemes:
@@ -140,9 +140,8 @@ class HibariTalker:
                 budget -= n
             if n == 0:
                 continue
-            segments.append(
-                AcousticFrames(lh[:, :n], th[:, :n], ln[:, :n], lr[:, :n], phi[:, :n], f0[:n], draw_noise(rng, n))
-            )
+            frames = AcousticFrames(lh[:, :n], th[:, :n], ln[:, :n], lr[:, :n], phi[:, :n], f0[:n], draw_noise(rng, n))
+            segments.append(VocoderStream(frames))  # built here, on the worker, not under the scheduler's lock
             aligned.append((ps, dur))
         words = None
         if timestamps and segments:
