@@ -25,7 +25,10 @@ class ShapeSignature:
 
 @dataclass(frozen=True)
 class ResourceEstimate:
-    """What a step is expected to cost; used for ordering and admission, never trusted blindly."""
+    """What a step is expected to cost, for placing work on devices by size.
+
+    Carried with every plan; today's scheduler orders by deadline alone and does not read it.
+    """
 
     compute_seconds: float = 0.0
     resident_bytes: int = 0
