@@ -120,6 +120,11 @@ def ms(seconds: float) -> str:
     return "n/a" if math.isnan(seconds) else f"{seconds * 1000:.1f}"
 
 
+def stats_cells(xs: Sequence[float]) -> str:
+    """p50 | p95 | min | max of seconds, as milliseconds, for a markdown row."""
+    return f"{ms(pct(xs, 50))} | {ms(pct(xs, 95))} | {ms(min(xs))} | {ms(max(xs))}"
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
@@ -560,7 +565,7 @@ def report(s1: Section1, s2: Section2, levels: list[Level], meta: dict[str, Any]
         ("WebSocket (input.done → first binary frame)", s1.ws),
         ("engine in-process (submit → first audio chunk)", s1.engine),
     ):
-        out(f"| {name} | {ms(pct(xs, 50))} | {ms(pct(xs, 95))} | {ms(min(xs))} | {ms(max(xs))} |")
+        out(f"| {name} | {stats_cells(xs)} |")
     r50 = pct(s1.ws, 50) / pct(s1.engine, 50)
     r95 = pct(s1.ws, 95) / pct(s1.engine, 95)
     out(f"| **ratio WS / engine** | **{r50:.2f}×** | {r95:.2f}× | | |")
@@ -578,7 +583,7 @@ def report(s1: Section1, s2: Section2, levels: list[Level], meta: dict[str, Any]
         ("WebSocket, 1 sentence", s2.short_sentences, s2.short),
         ("WebSocket, 40 sentences", s2.long_sentences, s2.long),
     ):
-        out(f"| {name} | {n_sent} | {ms(pct(xs, 50))} | {ms(pct(xs, 95))} | {ms(min(xs))} | {ms(max(xs))} |")
+        out(f"| {name} | {n_sent} | {stats_cells(xs)} |")
     f50 = pct(s2.long, 50) / pct(s2.short, 50)
     f95 = pct(s2.long, 95) / pct(s2.short, 95)
     out(f"| **WebSocket ratio 40 / 1** | | **{f50:.2f}×** | {f95:.2f}× | | |")
@@ -586,7 +591,7 @@ def report(s1: Section1, s2: Section2, levels: list[Level], meta: dict[str, Any]
         ("engine in-process, 1 sentence (info)", s2.short_sentences, s2.engine_short),
         ("engine in-process, 40 sentences (info)", s2.long_sentences, s2.engine_long),
     ):
-        out(f"| {name} | {n_sent} | {ms(pct(xs, 50))} | {ms(pct(xs, 95))} | {ms(min(xs))} | {ms(max(xs))} |")
+        out(f"| {name} | {n_sent} | {stats_cells(xs)} |")
     e50 = pct(s2.engine_long, 50) / pct(s2.engine_short, 50)
     e95 = pct(s2.engine_long, 95) / pct(s2.engine_short, 95)
     out(f"| engine ratio 40 / 1 (info) | | {e50:.2f}× | {e95:.2f}× | | |")

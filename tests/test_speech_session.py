@@ -418,7 +418,7 @@ async def test_config_timeout_not_hit_when_config_arrives(connect, settings):
 
 
 def short_timeouts(settings, seconds: float) -> None:
-    """Both clocks short: the watchdog sleeps out the config clock before it reads the idle one."""
+    """Both clocks short, so a test of one never waits on the other."""
     settings.SPEECH_CONFIG_TIMEOUT = seconds
     settings.SPEECH_IDLE_TIMEOUT = seconds
 
