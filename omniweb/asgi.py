@@ -11,16 +11,22 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omniweb.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs Django set up)
+from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  # noqa: E402  (needs Django)
 
+from omniweb.auth import websocket_access  # noqa: E402
 from omniweb.engine.runtime import get_engine_client  # noqa: E402
+from omniweb.engine.worker import EngineWorkerConsumer  # noqa: E402
 from omniweb.routing import websocket_urlpatterns  # noqa: E402
 from omniweb.security import browser_origin_validator  # noqa: E402
+from omniweb.transport import send_buffer_probe  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": browser_origin_validator(URLRouter(websocket_urlpatterns)),
+        # Origin check, then API tokens and the per-client session limit (omniweb.auth), then routes.
+        "websocket": send_buffer_probe(browser_origin_validator(websocket_access(URLRouter(websocket_urlpatterns)))),
+        # Engine requests from daphne processes, served by `manage.py runworker omniweb-engine`.
+        "channel": ChannelNameRouter({settings.ENGINE_CHANNEL: EngineWorkerConsumer.as_asgi()}),
     }
 )
 

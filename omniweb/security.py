@@ -4,17 +4,40 @@ Browsers always send ``Origin``; a page on another site must not open sessions w
 browser (cross-site WebSocket hijacking), so a present Origin must match ALLOWED_HOSTS. Programs
 (API clients, the ``speak`` command, other services) send none and are admitted, which Channels'
 stock ``AllowedHostsOriginValidator`` would refuse.
+
+A refused handshake is closed by ``deny_handshake``, a bare ASGI reply: Channels' own
+``WebsocketDenier`` is a consumer, which would subscribe to the channel layer (a Redis receive per
+refused connection in Redis mode) just to say no.
 """
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlparse
 
 from channels.security.websocket import OriginValidator
 from django.conf import settings
 
 
+async def deny_handshake(receive: Any, send: Any) -> None:
+    """Close the WebSocket handshake: daphne answers HTTP 403 and no consumer runs."""
+    message = await receive()
+    if message["type"] == "websocket.connect":
+        await send({"type": "websocket.close"})
+
+
 class BrowserOriginValidator(OriginValidator):
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        if scope["type"] != "websocket":
+            raise ValueError("You cannot use OriginValidator on a non-WebSocket connection")
+        parsed_origin = None
+        for name, value in scope.get("headers", []):  # as OriginValidator.__call__ reads it
+            if name == b"origin":
+                parsed_origin = urlparse(value.decode("latin1"))  # latin1 decodes any bytes
+        if self.valid_origin(parsed_origin):
+            return await self.application(scope, receive, send)
+        return await deny_handshake(receive, send)
+
     def valid_origin(self, parsed_origin: Any) -> bool:
         if parsed_origin is None:
             return True

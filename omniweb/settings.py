@@ -42,8 +42,8 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
 INSTALLED_APPS = [
     "daphne",  # first: its runserver serves ASGI (WebSockets) with our message-size limits
     "django.contrib.staticfiles",
+    "omniweb",  # before channels: its runworker (resilient engine worker) replaces channels' own
     "channels",
-    "omniweb",
     "speech",
 ]
 
@@ -71,8 +71,35 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 
-# The embedded default: one process, in-memory layer (scale-out over Redis comes with its own issue).
-CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# The embedded default is one process with an in-memory layer and an in-process engine. Setting
+# OMNIWEB_REDIS_URL switches to channels_redis: daphne processes send engine requests to the named
+# channel ENGINE_CHANNEL and `manage.py runworker omniweb-engine` processes (any host) serve them.
+REDIS_URL = env_str("REDIS_URL", "")
+ENGINE_CHANNEL = env_str("ENGINE_CHANNEL", "omniweb-engine")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {
+                "hosts": [REDIS_URL],
+                # Per-channel message bound. All reply channels of one daphne process share one
+                # Redis key, so it must hold every session's in-flight chunks; the worker channel
+                # holds queued requests (the engine's own admission control refuses beyond that).
+                "capacity": env_int("CHANNEL_CAPACITY", 2000),
+                "channel_capacity": {ENGINE_CHANNEL: env_int("ENGINE_CHANNEL_CAPACITY", 500)},
+                # Seconds a message waits to be read: anything older belongs to a client or worker
+                # that is gone; leases end those requests well before this.
+                "expiry": env_int("CHANNEL_EXPIRY", 30),
+            },
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+ENGINE_LEASE_SECONDS = env_float("ENGINE_LEASE_SECONDS", 3.0)  # silence from a worker → request lost
+ENGINE_ACCEPT_TIMEOUT = env_float("ENGINE_ACCEPT_TIMEOUT", 5.0)  # no worker took the request
+ENGINE_SEND_PATIENCE = env_float("ENGINE_SEND_PATIENCE", 2.0)  # wait out a full reply channel this long
+WORKER_ID = env_str("WORKER_ID", "")  # default: hostname-pid
+WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0)  # runworker's own /metrics port (0: none)
 
 # Daphne rejects incoming WebSocket messages over 1 MiB by default; the speech protocol's
 # session.config may carry 4 MiB and video frames up to 10 MB, so admit 16 MiB at the transport and
@@ -87,10 +114,17 @@ ENGINE_WORKERS = env_int("ENGINE_WORKERS", min(2, os.cpu_count() or 1))
 ENGINE_MAX_ACTIVE = env_int("ENGINE_MAX_ACTIVE", 128)
 ENGINE_MAX_QUEUED = env_int("ENGINE_MAX_QUEUED", 256)
 ENGINE_MAX_BATCH = env_int("ENGINE_MAX_BATCH", 16)
+# Batching window: how long a worker holds a batchable step to gather more of the same shape from
+# other sessions. 0 (the default) adds no latency at one session; under load batches fill anyway.
+ENGINE_BATCH_WAIT_MS = env_float("ENGINE_BATCH_WAIT_MS", 0.0)
+# Pacing: a stream's audio is produced at most this many seconds ahead of real-time playback (0:
+# unpaced). A client that keeps up at 1x then never has more than this much queued, so the
+# stalled-client cap below only ends sessions that really stopped reading.
+ENGINE_MAX_AHEAD_SECONDS = env_float("ENGINE_MAX_AHEAD_SECONDS", 30.0)
 # A new request's first audio is scheduled as if due this long after it arrives: streams already
 # playing with less buffered audio than that are served first, so a burst of arrivals can't starve them.
 ENGINE_FIRST_AUDIO_BUDGET_MS = env_int("ENGINE_FIRST_AUDIO_BUDGET_MS", 150)
-ENGINE_PRELOAD = env_bool("ENGINE_PRELOAD", True)
+ENGINE_PRELOAD = env_bool("ENGINE_PRELOAD", not REDIS_URL)  # daphne hosts in Redis mode run no models
 
 # Voice (hibari-tts).
 TTS_MODEL_NAME = env_str("TTS_MODEL", "hibari-tts")
@@ -104,6 +138,9 @@ VOCODER_FIRST_CHUNK_FRAMES = env_int("VOCODER_FIRST_CHUNK_FRAMES", 6)  # smaller
 SPEECH_IDLE_TIMEOUT = env_float("SPEECH_IDLE_TIMEOUT", 30.0)
 SPEECH_CONFIG_TIMEOUT = env_float("SPEECH_CONFIG_TIMEOUT", 10.0)
 SPEECH_MAX_TEXT_CHARS = env_int("SPEECH_MAX_TEXT_CHARS", 100_000)  # buffered text per utterance
+# Bytes a session may have queued in daphne for a client that does not read (daphne applies no
+# backpressure): beyond this the session ends with an error. 4 MiB is ~40 s of 24 kHz PCM.
+SESSION_SEND_BUFFER_MAX = env_int("SESSION_SEND_BUFFER_MAX", 4 * 1024 * 1024)
 
 LOGGING = {
     "version": 1,
@@ -112,3 +149,13 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }
+
+# Operations (metrics, health, access control)
+# API tokens (comma-separated secrets): when set, every WebSocket must present one (Bearer header,
+# `omniweb.token.<token>` subprotocol, or a signed `?token=` from POST /v1/ws-token). Empty: open.
+API_TOKENS = env_list("API_TOKENS", "")
+SIGNED_URL_MAX_AGE = env_int("SIGNED_URL_MAX_AGE", 300)  # seconds a /v1/ws-token token stays valid
+# Open WebSockets per client address, per daphne process (0: unlimited). Loopback clients without
+# forwarding headers (this machine: the bench, local programs) are not limited.
+MAX_SESSIONS_PER_CLIENT = env_int("MAX_SESSIONS_PER_CLIENT", 32)
+WORKER_STALE_SECONDS = env_float("WORKER_STALE_SECONDS", 5.0)  # older heartbeat: worker down

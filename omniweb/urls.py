@@ -1,4 +1,12 @@
 from django.urls import path
 from django.views.generic import TemplateView
 
-urlpatterns = [path("", TemplateView.as_view(template_name="index.html"), name="index")]
+from . import views
+
+urlpatterns = [
+    path("", TemplateView.as_view(template_name="index.html"), name="index"),
+    # Operations: liveness/readiness, Prometheus scrape, short-lived WebSocket tokens.
+    path("healthz", views.healthz, name="healthz"),
+    path("metrics", views.metrics_view, name="metrics"),
+    path("v1/ws-token", views.ws_token, name="ws-token"),
+]

@@ -22,8 +22,10 @@ from typing import Any
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
+from omniweb import metrics  # ops instrumentation: errors sent, time to first audio
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
+from omniweb.transport import SCOPE_KEY as SEND_BUFFER_PROBE
 
 from . import protocol
 from .protocol import ProtocolError, SessionConfig
@@ -59,9 +61,14 @@ class _Utterance:
     cancelled: bool = False
     current: _Sentence | None = None
     sentences: int = 0  # audio.done messages sent
+    ttfa: metrics.FirstAudioClock = field(default_factory=metrics.FirstAudioClock)  # ops: input.done → audio
 
 
 class SpeechStreamConsumer(AsyncWebsocketConsumer):
+    # The session talks to the engine only through its EngineClient; it needs no channel of its
+    # own, so it does not hold a channel-layer receive (which would die with a Redis restart).
+    channel_layer_alias = "omniweb-sessions-use-no-layer"
+
     async def connect(self) -> None:
         self.state = SessionState.AWAITING_CONFIG
         self.config: SessionConfig | None = None
@@ -215,8 +222,17 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
 
     async def _run_utterance(self, utt: _Utterance, request: dict[str, Any], config: SessionConfig) -> None:
         try:
-            async for chunk in self.engine.stream(request, utt.request_id):
-                await self._on_chunk(utt, config, chunk)
+            async with contextlib.aclosing(self.engine.stream(request, utt.request_id)) as stream:
+                async for chunk in stream:
+                    await self._on_chunk(utt, config, chunk)
+                    if self.client_stalled():
+                        logger.warning("closing a session whose client stopped reading")
+                        # Leaving the loop closes the engine stream, which aborts the request.
+                        await self.fail(
+                            f"Client is not reading: over {settings.SESSION_SEND_BUFFER_MAX} bytes queued; "
+                            "session closed"
+                        )
+                        break
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -255,6 +271,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
                 sentence.buffer.clear()
                 sentence.sent_bytes = len(blob)
                 await self.send(bytes_data=blob)
+                utt.ttfa.audio_sent(stream=False)  # ops
             elif config.word_timestamps:
                 final = protocol.audio_chunk(utt.index, sentence.index, sentence.chunk_id, b"", 0, chunk["timestamps"])
                 final["chunk_end_ms"] = protocol.samples_to_ms(sentence.sent_bytes)
@@ -287,6 +304,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         else:
             await self.send(bytes_data=pcm)
         sentence.sent_bytes += len(pcm)
+        utt.ttfa.audio_sent(stream=True)  # ops
 
     async def _end_utterance(
         self, utt: _Utterance, config: SessionConfig, *, failed: bool = False, cancelled: bool = False
@@ -330,6 +348,12 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             task.cancel()
         await self.close()
 
+    def client_stalled(self) -> bool:
+        """True when the transport holds more unsent bytes than a session may queue (see transport.py)."""
+        probe = self.scope.get(SEND_BUFFER_PROBE)
+        queued = probe() if probe is not None else None
+        return queued is not None and queued > settings.SESSION_SEND_BUFFER_MAX
+
     def touch(self) -> None:
         """Restart the idle clock and wake the watchdog to re-read it."""
         self.last_activity = asyncio.get_running_loop().time()
@@ -354,6 +378,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
                 await self.fail("Idle timeout: no message received")
 
     async def send_json(self, payload: dict[str, Any]) -> None:
+        metrics.count_error_message(payload)  # ops: omniweb_errors_total for every `error` sent
         await self.send(text_data=json.dumps(payload))
 
 

@@ -1,22 +1,36 @@
 """Shared fixtures for the streaming speech WebSocket tests (``tests/test_speech_*.py``).
 
 The tests drive the real ASGI application (``omniweb.asgi.application``, so the Origin check is in
-the path) with the real hibari voice on the process-wide engine. After every test the engine must be
-idle again (no active, queued or running work) and no task started by a consumer may be left on the
-test's event loop.
+the path) with the real hibari voice. Every test that opens sockets runs twice, once per dispatch
+path: ``local`` (the embedded default: in-process engine) and ``redis`` (channels_redis to two real
+``manage.py runworker omniweb-engine`` processes on a redis-server the fixture starts). After every
+test the engine must be idle again (no active, queued or running work) and no task started by a
+consumer may be left on the test's event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 from channels.testing import WebsocketCommunicator
+
+# Unpaced engines for the suite (here and in every server or worker a test starts): pacing keeps a
+# stream at most 30 s ahead of real-time playback, which would make long-flush tests take minutes.
+# Pacing itself is tested on purpose-built schedulers (test_engine_scheduler, test_engine_tts).
+os.environ["OMNIWEB_ENGINE_MAX_AHEAD_SECONDS"] = "0"
 
 SPEECH_PATH = "/v1/audio/speech/stream"
 RECEIVE_TIMEOUT = 20.0  # generous: a slow CI box still answers a short flush in well under a second
@@ -185,9 +199,28 @@ async def speak(comm: WebsocketCommunicator, text: str | list[str], timeout: flo
 # -- engine and session fixtures -------------------------------------------------------------------
 
 
+ROOT = Path(__file__).resolve().parent.parent
+_redis_url: str | None = None  # set while the redis dispatch path is under test
+
+
+def _workers_busy(url: str) -> tuple[bool, Any]:
+    """Load reported by the workers' heartbeat keys (refreshed twice a second)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        beats = [json.loads(v) for v in client.mget(client.keys("omniweb:worker:*")) if v]
+    finally:
+        client.close()
+    busy = any(b["active"] or b["queued"] or b["running_steps"] for b in beats)
+    return busy, beats
+
+
 def _engine_busy() -> tuple[bool, Any]:
     from omniweb.engine import runtime
 
+    if _redis_url is not None:
+        return _workers_busy(_redis_url)
     sched = runtime._scheduler
     if sched is None:  # never started in this process (e.g. the pure-function tests): nothing to check
         return False, None
@@ -196,7 +229,9 @@ def _engine_busy() -> tuple[bool, Any]:
 
 
 def wait_engine_idle(seconds: float = IDLE_POLL_SECONDS) -> Any:
-    """Poll the process-wide scheduler until it is idle; fail with its stats if it never is."""
+    """Poll the engine (in-process, or the workers' heartbeats) until idle; fail with its stats."""
+    if _redis_url is not None:
+        seconds += HEARTBEAT_LAG
     deadline = time.monotonic() + seconds
     while True:
         busy, stats = _engine_busy()
@@ -206,6 +241,14 @@ def wait_engine_idle(seconds: float = IDLE_POLL_SECONDS) -> Any:
         time.sleep(0.02)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def unpaced_engine() -> None:
+    """The in-process engine too (settings may have been read before this module was)."""
+    from django.conf import settings
+
+    settings.ENGINE_MAX_AHEAD_SECONDS = 0.0
+
+
 @pytest.fixture(autouse=True)
 def engine_left_idle() -> Iterator[None]:
     """After each test: no active/queued requests and no running steps (abort is asynchronous)."""
@@ -213,13 +256,96 @@ def engine_left_idle() -> Iterator[None]:
     wait_engine_idle()
 
 
-@pytest.fixture(scope="session")
-def engine() -> Any:
-    """Start the process-wide engine (loads the voice) once, outside any test's time budget."""
+HEARTBEAT_LAG = 0.6  # a worker's heartbeat key may be this old
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextlib.contextmanager
+def redis_stack() -> Iterator[str]:
+    """redis-server and two engine workers on loopback; yields the Redis URL."""
+    port = _free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    env = {**os.environ, "OMNIWEB_REDIS_URL": url, "DJANGO_SETTINGS_MODULE": "omniweb.settings"}
+    workers = [
+        subprocess.Popen([sys.executable, "manage.py", "runworker", "omniweb-engine"], cwd=ROOT, env=env)
+        for _ in range(2)
+    ]
+    procs = [*workers, server]
+    try:
+        import redis
+
+        client = redis.Redis.from_url(url)
+        deadline = time.monotonic() + 60
+
+        def workers_up() -> int:
+            try:
+                return len(client.keys("omniweb:worker:*"))
+            except redis.ConnectionError:  # the server is still starting
+                return 0
+
+        while workers_up() < len(workers):  # both loaded their models
+            assert time.monotonic() < deadline, "engine workers did not come up"
+            assert all(w.poll() is None for w in workers), "an engine worker exited"
+            time.sleep(0.1)
+        client.close()
+        yield url
+    finally:
+        _stop(procs)
+
+
+def _reset_engine_client() -> None:
+    from channels.layers import channel_layers
+
+    from omniweb.engine import runtime
+
+    runtime._client = None
+    channel_layers.backends.clear()
+
+
+@pytest.fixture(scope="session", params=["local", "redis"])
+def engine(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The dispatch path under test, started once (models loaded) outside any test's time budget."""
+    global _redis_url
+    from django.test import override_settings
+
     from omniweb.engine.runtime import get_engine_client, get_scheduler
 
-    get_engine_client()
-    return get_scheduler()
+    if request.param == "local":
+        get_engine_client()
+        yield get_scheduler()
+        return
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (.ci/run installs it)")
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(redis_stack())
+        layers = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [url]}}}
+        stack.enter_context(override_settings(REDIS_URL=url, CHANNEL_LAYERS=layers))
+        _reset_engine_client()
+        _redis_url = url
+        try:
+            yield get_engine_client()
+        finally:
+            _redis_url = None
+            _reset_engine_client()
 
 
 def _consumer_tasks() -> list[asyncio.Task[Any]]:
@@ -243,6 +369,9 @@ async def connect(engine: Any) -> AsyncIterator[Callable[..., Any]]:
     """Factory: ``comm = await connect(headers=..., expect_accept=True)``; every socket is closed after."""
     from omniweb.asgi import application
 
+    if _redis_url is not None:
+        # channels_redis binds its receive lock to an event loop; every test has its own loop.
+        _reset_engine_client()
     comms: list[WebsocketCommunicator] = []
 
     async def factory(
@@ -258,7 +387,19 @@ async def connect(engine: Any) -> AsyncIterator[Callable[..., Any]]:
         return comm
 
     yield factory
+    try:
+        await _close_sessions(comms)
+    finally:
+        if _redis_url is not None:
+            from channels.layers import channel_layers
 
+            layer = channel_layers.backends.get("default")
+            if layer is not None:
+                await layer.close_pools()  # this test's loop is about to close
+
+
+async def _close_sessions(comms: list[WebsocketCommunicator]) -> None:
+    """Disconnect every socket; then no consumer task may be left and no consumer may have raised."""
     for comm in comms:
         if not comm.future.done():
             await comm.disconnect(timeout=5)

@@ -264,3 +264,63 @@ def test_a_loop_whose_next_raises_ends_only_its_request(make_scheduler):
     assert bad.chunks[-1]["status"] == "error" and [c["i"] for c in bad.chunks[:-1]] == [0, 1]
     assert good.chunks[-1]["status"] == "ok"
     wait_idle(sched)
+
+
+def test_batching_window_gathers_plans_that_arrive_within_it(make_scheduler):
+    sched, pipeline = make_scheduler(workers=1, max_batch=4, batch_wait=0.2)
+    sinks = [Collector() for _ in range(4)]
+    for i, sink in enumerate(sinks):  # arrivals spread over ~60 ms, inside the 200 ms window
+        sched.submit(f"r{i}", {"pipeline": "count", "steps": 1}, sink)
+        time.sleep(0.02)
+    for sink in sinks:
+        assert sink.ended.wait(5)
+    assert pipeline.loops[0].batch_sizes[0] == 4
+
+
+def test_without_a_window_a_lone_request_never_waits(make_scheduler):
+    sched, pipeline = make_scheduler(workers=1, max_batch=16)
+    sink = Collector()
+    started = time.monotonic()
+    sched.submit("solo", {"pipeline": "count", "steps": 3}, sink)
+    assert sink.ended.wait(5)
+    assert time.monotonic() - started < 0.5
+    assert pipeline.loops[0].batch_sizes == []  # ran alone, not through batch_run
+
+
+def test_batch_sizes_are_reported(make_scheduler):
+    seen: list[tuple[str, int]] = []
+    sched, _ = make_scheduler(workers=1, max_batch=8, on_batch=lambda kind, n: seen.append((kind, n)))
+    blocker = Collector()
+    sched.submit("slow", {"pipeline": "count", "steps": 1, "delay": 0.2}, blocker)
+    time.sleep(0.05)
+    sinks = [Collector() for _ in range(5)]
+    for i, sink in enumerate(sinks):
+        sched.submit(f"r{i}", {"pipeline": "count", "steps": 1}, sink)
+    for sink in sinks:
+        assert sink.ended.wait(5)
+    assert ("count", 1) in seen and ("count", 5) in seen
+
+
+def test_paced_streams_stay_a_bounded_time_ahead_of_their_listener(make_scheduler):
+    sched, _ = make_scheduler(workers=1, max_ahead=0.5)
+    sink = Collector()
+    started = time.monotonic()
+    sched.submit("paced", {"pipeline": "count", "steps": 12}, sink)  # 1.2 s of media, 0.1 s a step
+    assert sink.ended.wait(5)
+    elapsed = time.monotonic() - started
+    # Unpaced this takes milliseconds; paced, the last step waits until its media is 0.5 s ahead.
+    assert 0.5 < elapsed < 1.5
+    ticks = [c for c in sink.chunks if c["type"] == "tick"]
+    assert [t["i"] for t in ticks] == list(range(12))
+
+
+def test_pacing_does_not_delay_a_second_stream(make_scheduler):
+    sched, _ = make_scheduler(workers=1, max_ahead=0.3)
+    slow, fresh = Collector(), Collector()
+    sched.submit("long", {"pipeline": "count", "steps": 40}, slow)  # paced for ~3.7 s
+    time.sleep(0.2)
+    started = time.monotonic()
+    sched.submit("fresh", {"pipeline": "count", "steps": 2}, fresh)
+    assert fresh.ended.wait(1)
+    assert time.monotonic() - started < 0.2
+    sched.abort("long")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -113,3 +114,31 @@ def test_blank_text_gives_no_sentences(pipeline):
     for text in ("", "   ", "\n\n"):
         chunks = synthesize(pipeline, text=text)
         assert chunks == [{"type": "end", "status": "ok", "total_sentences": 0}]
+
+
+def test_pacing_keeps_the_stream_near_real_time(pipeline):
+    """With max_ahead the audio arrives no more than that far ahead of real-time playback."""
+    sched = Scheduler({PIPELINE: pipeline}, workers=2, max_ahead=0.5)
+    sched.start()
+    arrivals: list[tuple[float, int]] = []
+    ended = threading.Event()
+
+    def sink(chunk: dict[str, Any]) -> None:
+        if chunk["type"] == "audio":
+            arrivals.append((time.monotonic(), len(chunk["pcm"])))
+        if chunk["type"] == "end":
+            ended.set()
+
+    try:
+        sched.submit("r", {"pipeline": PIPELINE, "text": "One short sentence here. And a second one.", "seed": 2}, sink)
+        assert ended.wait(30)
+    finally:
+        sched.stop()
+    first = arrivals[0][0]
+    sent = 0
+    for at, size in arrivals:
+        ahead = sent / 48000 - (at - first)  # seconds of audio delivered beyond real-time playback
+        assert ahead <= 0.5 + 0.25  # one vocoder chunk of slack
+        sent += size
+    audio_seconds = sent / 48000
+    assert arrivals[-1][0] - first >= audio_seconds - 0.5 - 0.25  # paced, not ~100x real time

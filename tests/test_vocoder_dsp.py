@@ -12,6 +12,7 @@ from hibari import Hibari, dsp
 from speech.tts.vocoder import (
     HOP,
     N_BINS,
+    NUMPY_BACKEND,
     SAMPLE_RATE,
     AcousticFrames,
     VocoderStream,
@@ -196,3 +197,16 @@ def test_misuse_raises(outputs: list[tuple[np.ndarray, ...]]) -> None:
     with pytest.raises(ValueError):
         AcousticFrames(*outputs[0][:5], outputs[0][5][:-1], frames.noise)
     assert stream.next_frame == 0
+
+
+@pytest.mark.parametrize("chunk", [1, 6, 16, None])
+def test_numpy_backend_bit_identical_to_synth(outputs: list[tuple[np.ndarray, ...]], chunk: int | None) -> None:
+    """The default (numpy) backend, passed explicitly or not, reproduces synth exactly."""
+    arrs = outputs[1]
+    ref = reference(arrs, seed=13)
+    for backend in (None, NUMPY_BACKEND):
+        stream = VocoderStream(make_frames(arrs, seed=13))
+        parts = []
+        while not stream.done:
+            parts.append(stream.run_chunk(*stream.plan(chunk or arrs[5].shape[0]), backend=backend))
+        assert np.array_equal(np.concatenate(parts), ref)

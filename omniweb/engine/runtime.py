@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 from django.conf import settings
 
+from omniweb.metrics import observe_batch
+
 from .client import EngineClient, LocalEngineClient
 from .contracts import Pipeline
 from .scheduler import Scheduler
@@ -33,6 +35,9 @@ def get_scheduler() -> Scheduler:
                 max_active=settings.ENGINE_MAX_ACTIVE,
                 max_queued=settings.ENGINE_MAX_QUEUED,
                 max_batch=settings.ENGINE_MAX_BATCH,
+                batch_wait=settings.ENGINE_BATCH_WAIT_MS / 1000.0,
+                max_ahead=settings.ENGINE_MAX_AHEAD_SECONDS,
+                on_batch=observe_batch,
                 first_media_budget=settings.ENGINE_FIRST_AUDIO_BUDGET_MS / 1000.0,
             )
             sched.start()
@@ -41,10 +46,22 @@ def get_scheduler() -> Scheduler:
 
 
 def get_engine_client() -> EngineClient:
-    """The client the consumers use; the embedded default runs the scheduler in this process."""
+    """The client the consumers use: the in-process scheduler, or workers over Redis."""
     global _client
     if _client is None:
-        _client = LocalEngineClient(get_scheduler())
+        if settings.REDIS_URL:
+            from channels.layers import get_channel_layer
+
+            from .dispatch import ChannelEngineClient
+
+            _client = ChannelEngineClient(
+                get_channel_layer(),
+                settings.ENGINE_CHANNEL,
+                lease=settings.ENGINE_LEASE_SECONDS,
+                accept_timeout=settings.ENGINE_ACCEPT_TIMEOUT,
+            )
+        else:
+            _client = LocalEngineClient(get_scheduler())
     return _client
 
 

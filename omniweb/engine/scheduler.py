@@ -69,6 +69,12 @@ class _Job:
         """Look-ahead work waits for the request's first media so it cannot slow that down."""
         return self.first_media_at is not None or not plan.due
 
+    def release(self, plan: WorkPlan, max_ahead: float) -> float | None:
+        """When an emitting step may run if the stream is paced ``max_ahead`` seconds ahead of its listener."""
+        if max_ahead <= 0 or not plan.emits or self.first_media_at is None:
+            return None
+        return self.first_media_at + self.media_seconds - max_ahead
+
     def busy(self) -> bool:
         return any(e.busy for e in self.entries)
 
@@ -94,14 +100,21 @@ class Scheduler:
         max_active: int = 128,
         max_queued: int = 256,
         max_batch: int = 16,
+        batch_wait: float = 0.0,
         first_media_budget: float = 0.15,
+        max_ahead: float = 0.0,
+        on_batch: Callable[[str, int], None] | None = None,
     ) -> None:
         self._pipelines = pipelines
         self._n_workers = max(1, workers)
         self._max_active = max(1, max_active)
         self._max_queued = max(0, max_queued)
         self._max_batch = max(1, max_batch)
+        self._batch_wait = max(0.0, batch_wait)
+        self._on_batch = on_batch
         self._budget = max(0.0, first_media_budget)
+        self._max_ahead = max(0.0, max_ahead)
+        self._next_release: float | None = None  # earliest paced step's release (wakes idle workers)
         self._cond = threading.Condition()
         self._active: dict[str, _Job] = {}
         self._queued: deque[_Job] = deque()
@@ -227,11 +240,17 @@ class Scheduler:
     def _pick(self) -> list[tuple[_Job, _Entry]]:
         ready: list[tuple[tuple[float, int], _Job, _Entry]] = []
         now = time.monotonic()
+        self._next_release = None
         for job in list(self._active.values()):  # a failing loop leaves the table mid-iteration
             if not self._poll(job):
                 continue
             for e in job.entries:
                 if e.plan is None or e.busy or not job.ready(e.plan):
+                    continue
+                release = job.release(e.plan, self._max_ahead)
+                if release is not None and release > now:  # far enough ahead of its listener: wait
+                    if self._next_release is None or release < self._next_release:
+                        self._next_release = release
                     continue
                 key = (job.deadline(e.plan, self._budget, now), 0 if e.plan.emits else 1)
                 ready.append((key, job, e))
@@ -288,10 +307,11 @@ class Scheduler:
             with self._cond:
                 batch: list[tuple[_Job, _Entry]] = []
                 while self._running:
-                    batch = self._pick()
+                    batch = self._fill(self._pick())
                     if batch:
                         break
-                    self._cond.wait()
+                    wake = self._next_release
+                    self._cond.wait(None if wake is None else max(0.001, wake - time.monotonic()))
                 if not self._running:
                     return
                 plans = []
@@ -304,6 +324,8 @@ class Scheduler:
             with self._cond:
                 self._running_steps -= len(batch)
                 self._steps_total += len(batch)
+                if self._on_batch is not None and plans[0] is not None:
+                    self._on_batch(plans[0].kind, len(batch))
                 if len(batch) > 1:
                     self._batches_total += 1
                     self._batched_steps_total += len(batch)
@@ -326,6 +348,29 @@ class Scheduler:
                         other.waiting = False
                     self._finish_if_done(job)
                 self._cond.notify_all()
+
+    def _fill(self, batch: list[tuple[_Job, _Entry]]) -> list[tuple[_Job, _Entry]]:
+        """The batching window: wait up to ``batch_wait`` for more plans of the batch's shape.
+
+        With the default of 0 a lone session never waits; under load, batches fill by themselves
+        because equal-shape plans from many sessions are ready at the same moment. Plans are
+        re-picked after each wait (another worker may have taken some); the result can be empty.
+        """
+        if not batch or self._batch_wait <= 0:
+            return batch
+        plan = batch[0][1].plan
+        if plan is None or plan.batch_run is None:
+            return batch
+        deadline = time.monotonic() + self._batch_wait
+        while self._running and len(batch) < self._max_batch:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._cond.wait(remaining)
+            batch = self._pick()
+            if not batch:
+                break
+        return batch
 
     def _deliver(self, job: _Job, result: StepResult) -> None:
         if result.media_seconds:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from omniweb.engine.contracts import (
     DONE,
@@ -29,7 +30,7 @@ from omniweb.engine.contracts import (
 from speech.text import split_text
 
 from .model import HibariTalker, SentenceFrames
-from .vocoder import SAMPLE_RATE, VocoderStream, run_chunks_batched
+from .vocoder import SAMPLE_RATE, SpectralBackend, VocoderStream, run_chunks_batched
 
 PIPELINE = "speech.tts"
 SENTENCES = "sentences"  # slot: deque[SentenceFrames], talker → vocoder
@@ -140,14 +141,16 @@ class _Chunk:
     stop: int
     first_of_sentence: bool
     last_of_sentence: bool
+    backend: SpectralBackend | None
 
 
 class VocoderLoop:
     name = "vocoder"
 
-    def __init__(self, chunk_frames: int, first_chunk_frames: int) -> None:
+    def __init__(self, chunk_frames: int, first_chunk_frames: int, backend: SpectralBackend | None = None) -> None:
         self._chunk = max(1, chunk_frames)
         self._first = max(0, first_chunk_frames)
+        self._backend = backend  # None: numpy on the CPU, bit-identical to hibari
 
     def init(self, request: dict[str, Any], slots: dict[str, Any]) -> VocoderState:
         first = request.get("first_chunk_frames")
@@ -184,6 +187,7 @@ class VocoderLoop:
             stop=stop,
             first_of_sentence=state.chunks_in_sentence == 0,
             last_of_sentence=stop >= stream.n_frames and state.segment == len(sentence.segments) - 1,
+            backend=self._backend,
         )
         plan = WorkPlan(
             kind="vocoder",
@@ -214,7 +218,7 @@ def _batch_run(plans: Sequence[WorkPlan]) -> list[StepResult]:
 
 def _results(chunks: list[_Chunk]) -> list[StepResult]:
     """Vocode the chunks (stacked FFTs when several) and turn each into client stream chunks."""
-    waves = run_chunks_batched([(c.stream, c.start, c.stop) for c in chunks])
+    waves = run_chunks_batched([(c.stream, c.start, c.stop) for c in chunks], chunks[0].backend)
     results = []
     for c, wave in zip(chunks, waves, strict=True):
         sentence = c.state.sentence
@@ -230,6 +234,22 @@ def _results(chunks: list[_Chunk]) -> list[StepResult]:
     return results
 
 
+def vocoder_backend() -> SpectralBackend | None:
+    """The vocoder's spectral step on the configured device: torch on CUDA, numpy on the CPU.
+
+    On the CPU numpy is both faster than torch here and bit-identical to hibari (bench/batching.py).
+    """
+    device = settings.DEVICE.lower()
+    if not device.startswith("cuda"):
+        return None
+    from .vocoder_torch import TorchBackend
+
+    try:
+        return TorchBackend(device)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"OMNIWEB_DEVICE={settings.DEVICE!r}: {exc}") from exc
+
+
 class TtsPipeline:
     """talker → vocoder for ``{"pipeline": "speech.tts", "text": ..., ...}`` requests."""
 
@@ -239,7 +259,7 @@ class TtsPipeline:
         self.talker = HibariTalker()
         self.loops = (
             TalkerLoop(self.talker, settings.TALKER_LOOKAHEAD),
-            VocoderLoop(settings.VOCODER_CHUNK_FRAMES, settings.VOCODER_FIRST_CHUNK_FRAMES),
+            VocoderLoop(settings.VOCODER_CHUNK_FRAMES, settings.VOCODER_FIRST_CHUNK_FRAMES, vocoder_backend()),
         )
 
     def validate(self, request: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ match ``synth`` bit for bit on the same machine, given the same noise draw.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from hibari import dsp
@@ -24,6 +25,8 @@ SAMPLE_RATE = dsp.SR  # 24000
 _K = dsp.N_FFT // HOP
 # synth drops the first 2 OLA blocks (the center=True padding)
 _HALF_BLOCKS = (dsp.N_FFT // 2) // HOP
+# the per-frame [601, F] inputs of the spectral step
+_SPECTRA = ("lh", "th", "ln", "lr", "phi", "noise")
 
 
 @dataclass
@@ -79,7 +82,14 @@ class VocoderStream:
     """
 
     def __init__(self, frames: AcousticFrames) -> None:
-        self.frames = frames
+        # Frame-major copies [F, 601] of the spectra and the noise, made once per segment here
+        # (on the talker's worker), so a chunk's rows are one contiguous slice: gathering a
+        # chunk's columns out of the bins-major [601, F] arrays at every chunk was ~40% of the
+        # vocoder step's CPU time. ``self.frames`` holds the same values as transposed views of
+        # these copies (same shapes), so the segment is not kept in memory twice; the caller's
+        # ``frames`` is left as it is.
+        self._rows = {k: np.ascontiguousarray(getattr(frames, k).T) for k in _SPECTRA}
+        self.frames = AcousticFrames(**{k: v.T for k, v in self._rows.items()}, f0=frames.f0)
         self._n = frames.n_frames
         self._next = 0
         # windowed frames [max(0, next-3), next): what a later chunk still adds to
@@ -115,16 +125,16 @@ class VocoderStream:
             raise ValueError("max_frames must be >= 1")
         return self._next, min(self._n, self._next + max_frames)
 
-    def run_chunk(self, start: int, stop: int) -> np.ndarray:
+    def run_chunk(self, start: int, stop: int, backend: SpectralBackend | None = None) -> np.ndarray:
         """Vocode frames [start, stop) (start must equal next_frame); return the float32
         samples that are now final.
 
         Final means no later chunk can touch them: after frames < stop, output samples
         < (stop-2)*300 (frame k reaches back 600 samples). The last chunk (stop == F)
         flushes the rest, so all returned lengths sum to F * 300. An empty range
-        returns an empty array and changes nothing.
+        returns an empty array and changes nothing. ``backend``: as in run_chunks_batched.
         """
-        return run_chunks_batched([(self, start, stop)])[0]
+        return run_chunks_batched([(self, start, stop)], backend)[0]
 
     # -- internals -------------------------------------------------------------------
     def _check(self, start: int, stop: int) -> None:
@@ -164,46 +174,94 @@ class VocoderStream:
         return y.reshape(-1)
 
 
-def _gather(items: list[tuple[VocoderStream, int, int]], name: str) -> np.ndarray:
-    """Frames [start, stop) of every item, frame-major [sum n, 601]: the FFTs batch
-    over rows."""
-    parts = [getattr(s.frames, name)[:, a:b].T for s, a, b in items]
-    return np.concatenate(parts) if len(parts) > 1 else np.ascontiguousarray(parts[0])
+class SpectralBackend(Protocol):
+    """Computes the spectral step of ``run_chunks_batched``: stacked frame rows in, windowed
+    time-domain frames out.
 
-
-def _spectral(items: list[tuple[VocoderStream, int, int]]) -> np.ndarray:
-    """Windowed time-domain frames [sum n, 1200] for all items, one call per step.
-
-    Same element-wise operations, in the same order, as hibari.dsp.synth/stft/ola, in
-    frame-major layout.
+    Every input is a fresh C-contiguous array with one row per frame (all chunks' frames
+    stacked), owned by the call: a backend may overwrite any of them.
     """
+
+    def windowed_frames(
+        self,
+        src: np.ndarray,
+        lh: np.ndarray,
+        th: np.ndarray,
+        ln: np.ndarray,
+        lr: np.ndarray,
+        phi: np.ndarray,
+        noise: np.ndarray,
+    ) -> np.ndarray:
+        """src: float32 [rows, 1200], the pulse-train analysis windows already multiplied by
+        ``dsp.WIN_SRC``; lh/th/ln/lr/phi: float32 [rows, 601]; noise: complex64 [rows, 601].
+        Returns the float32 [rows, 1200] frames irfft(S) * ``dsp.WIN``, S being hibari's spectrum
+        exp(lh) e^{i pi tanh(th)} rfft(src) + exp(ln) noise + exp(lr) e^{i phi}."""
+        ...
+
+
+class NumpyBackend:
+    """The default backend: numpy/scipy on the host, the same element-wise operations in the
+    same order as hibari.dsp.synth/stft/ola, so the audio is bit-identical to ``synth``."""
+
+    name = "numpy"
+
+    def windowed_frames(
+        self,
+        src: np.ndarray,
+        lh: np.ndarray,
+        th: np.ndarray,
+        ln: np.ndarray,
+        lr: np.ndarray,
+        phi: np.ndarray,
+        noise: np.ndarray,
+    ) -> np.ndarray:
+        spec = dsp.rfft(src, 1)  # complex64 [rows, 601]: STFT of the pulse train
+        rot = np.empty(spec.shape, np.complex64)
+        c = np.tanh(th)
+        c *= np.pi
+        np.cos(c, out=rot.real)
+        np.sin(c, out=rot.imag)
+        rot *= dsp.ex(lh)
+        spec *= rot  # harmonic branch
+        noise *= dsp.ex(ln)  # the gathered copy: the caller's noise is never written
+        spec += noise  # noise branch
+        np.cos(phi, out=rot.real)
+        np.sin(phi, out=rot.imag)
+        rot *= dsp.ex(lr)
+        spec += rot  # free-phase branch
+        frames = dsp.irfft(spec, dsp.N_FFT, 1)
+        frames *= dsp.WIN
+        return frames
+
+
+NUMPY_BACKEND = NumpyBackend()
+
+
+def _gather(items: list[tuple[VocoderStream, int, int]], name: str) -> np.ndarray:
+    """Frames [start, stop) of every item, frame-major [sum n, 601], always a fresh copy (the
+    backend may write it): the FFTs batch over rows."""
+    return np.concatenate([s._rows[name][a:b] for s, a, b in items])
+
+
+def _spectral(items: list[tuple[VocoderStream, int, int]], backend: SpectralBackend) -> np.ndarray:
+    """Windowed time-domain frames [sum n, 1200] for all items: the inputs are stacked
+    frame-major here, and the backend makes one call per step over all rows."""
     n_rows = sum(b - a for _, a, b in items)
-    fr = np.empty((n_rows, dsp.N_FFT), np.float32)
+    src = np.empty((n_rows, dsp.N_FFT), np.float32)
     row = 0
     for s, a, b in items:
-        np.multiply(s._windows[a:b], dsp.WIN_SRC, out=fr[row : row + b - a])
+        np.multiply(s._windows[a:b], dsp.WIN_SRC, out=src[row : row + b - a])
         row += b - a
-    spec = dsp.rfft(fr, 1)  # complex64 [rows, 601]: STFT of the pulse train
-    rot = np.empty(spec.shape, np.complex64)
-    c = np.tanh(_gather(items, "th"))
-    c *= np.pi
-    np.cos(c, out=rot.real)
-    np.sin(c, out=rot.imag)
-    rot *= dsp.ex(_gather(items, "lh"))
-    spec *= rot  # harmonic branch
-    # noise branch; not in place, so the caller's noise is never written
-    spec += _gather(items, "noise") * dsp.ex(_gather(items, "ln"))
-    phi = _gather(items, "phi")
-    np.cos(phi, out=rot.real)
-    np.sin(phi, out=rot.imag)
-    rot *= dsp.ex(_gather(items, "lr"))
-    spec += rot  # free-phase branch
-    frames = dsp.irfft(spec, dsp.N_FFT, 1)
-    frames *= dsp.WIN
+    g = {name: _gather(items, name) for name in _SPECTRA}
+    frames = backend.windowed_frames(src, **g)
+    if frames.shape != (n_rows, dsp.N_FFT) or frames.dtype != np.float32:
+        raise ValueError(f"backend returned {frames.dtype} {frames.shape}, expected float32 {(n_rows, dsp.N_FFT)}")
     return frames
 
 
-def run_chunks_batched(items: list[tuple[VocoderStream, int, int]]) -> list[np.ndarray]:
+def run_chunks_batched(
+    items: list[tuple[VocoderStream, int, int]], backend: SpectralBackend | None = None
+) -> list[np.ndarray]:
     """Same result as calling run_chunk on each, but the spectral work (pulse STFT,
     branch combination, irfft) of chunks with equal frame counts is stacked into one
     call each, so the scheduler can batch work units across sessions.
@@ -212,6 +270,10 @@ def run_chunks_batched(items: list[tuple[VocoderStream, int, int]]) -> list[np.n
     frame axis and go through a single call per step, whatever their lengths; only the
     cheap overlap-add is per stream. A stream may appear at most once per batch (its
     next chunk depends on this one's tail). All items are checked before any runs.
+
+    ``backend`` does the spectral step (default: ``NUMPY_BACKEND``, bit-identical to
+    hibari; ``speech.tts.vocoder_torch.TorchBackend`` runs it in torch on a device). The
+    overlap-add is numpy on the host either way.
     """
     seen: set[int] = set()
     for s, a, b in items:
@@ -220,7 +282,7 @@ def run_chunks_batched(items: list[tuple[VocoderStream, int, int]]) -> list[np.n
         seen.add(id(s))
         s._check(a, b)
     work = [(s, a, b) for s, a, b in items if b > a]
-    frames = _spectral(work) if work else np.zeros((0, dsp.N_FFT), np.float32)
+    frames = _spectral(work, backend or NUMPY_BACKEND) if work else np.zeros((0, dsp.N_FFT), np.float32)
     out: list[np.ndarray] = []
     row = 0
     for s, a, b in items:

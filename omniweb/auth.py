@@ -1,0 +1,213 @@
+"""Access control for WebSocket routes: API tokens and a per-client session limit (ASGI middleware).
+
+``websocket_access(app)`` sits between the Origin check and the URL router (see ``omniweb.asgi``).
+With nothing configured it admits every connection, as before.
+
+**API tokens** (``API_TOKENS``, from ``OMNIWEB_API_TOKENS``). When set, a connection must present
+one of them, in any of three ways:
+
+- ``Authorization: Bearer <token>`` (programs);
+- the subprotocol list ``Sec-WebSocket-Protocol: omniweb.v1, omniweb.token.<token>`` (browsers,
+  which cannot set headers); the server answers ``omniweb.v1`` and never echoes the token;
+- ``?token=<signed>``: a short-lived token from ``POST /v1/ws-token`` (``omniweb.views.ws_token``),
+  signed with ``django.core.signing.TimestampSigner`` keyed by the API token that asked for it, valid
+  for ``SIGNED_URL_MAX_AGE`` seconds on every process that has that API token configured; removing
+  the API token revokes the signed tokens made from it.
+
+Comparisons are constant-time (``hmac.compare_digest``). A refused connection gets its handshake
+closed (HTTP 403) before any consumer runs and counts in ``omniweb_errors_total{kind="auth"}``.
+
+**Sessions per client** (``MAX_SESSIONS_PER_CLIENT``; 0 = unlimited). Keyed by ``scope["client"]``'s
+address, which daphne takes from ``X-Forwarded-For`` when run with ``--proxy-headers``. Connections
+without an address, and loopback connections that carry no forwarding header (this machine itself:
+the bench, a local program), are not limited. The count is per daphne process. Over the limit the
+handshake is closed and counted in ``omniweb_errors_total{kind="limit"}``.
+
+This middleware also keeps ``omniweb_sessions_open{endpoint}``: up when the app accepts the socket,
+down once when the connection's app returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import parse_qs
+
+from django.conf import settings
+from django.core import signing
+
+from . import metrics
+from .security import deny_handshake
+
+logger = logging.getLogger(__name__)
+
+PROTOCOL = "omniweb.v1"  # the subprotocol the server answers when a client offers it
+TOKEN_PROTOCOL_PREFIX = "omniweb.token."
+SIGNED_TOKEN_PARAM = "token"
+_SIGNER_SALT = "omniweb.ws-token"
+_FORWARDING_HEADERS = (b"x-forwarded-for", b"forwarded", b"x-real-ip")
+
+_open_per_client: Counter[str] = Counter()  # this process's open connections by client address
+_warned_unforwarded_proxy = False
+
+
+# -- tokens ------------------------------------------------------------------------------------------
+def api_tokens() -> list[str]:
+    return [t for t in settings.API_TOKENS if t]
+
+
+def match_token(candidate: str, tokens: Sequence[str]) -> str | None:
+    """The configured token equal to ``candidate``, compared in constant time against every one."""
+    found = None
+    presented = candidate.encode("utf-8", "surrogateescape")
+    for token in tokens:
+        if hmac.compare_digest(presented, token.encode("utf-8", "surrogateescape")):
+            found = token
+    return found
+
+
+def parse_bearer(value: str) -> str | None:
+    scheme, _, credentials = value.strip().partition(" ")
+    if scheme.lower() != "bearer" or not credentials.strip():
+        return None
+    return credentials.strip()
+
+
+def _fingerprint(token: str) -> str:
+    """Names the API token inside a signed token without revealing it."""
+    return hashlib.sha256(f"{_SIGNER_SALT}:{token}".encode()).hexdigest()[:16]
+
+
+def _signer(token: str) -> signing.TimestampSigner:
+    return signing.TimestampSigner(key=token, salt=_SIGNER_SALT)
+
+
+def sign_ws_token(api_token: str) -> str:
+    """A token for ``?token=`` valid for ``SIGNED_URL_MAX_AGE`` seconds (URL-safe but for ``:``)."""
+    return _signer(api_token).sign(_fingerprint(api_token))
+
+
+def check_signed_token(value: str, tokens: Sequence[str]) -> bool:
+    fingerprint, sep, _ = value.partition(":")
+    if not sep:
+        return False
+    for token in tokens:
+        if hmac.compare_digest(fingerprint.encode(), _fingerprint(token).encode()):
+            try:
+                _signer(token).unsign(value, max_age=settings.SIGNED_URL_MAX_AGE)
+            except signing.BadSignature:  # includes SignatureExpired
+                return False
+            return True
+    return False
+
+
+def authenticate(scope: dict[str, Any], tokens: Sequence[str]) -> str | None:
+    """How the connection proved it holds a token (``bearer``, ``subprotocol``, ``signed-url``), or None."""
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            bearer = parse_bearer(value.decode("latin1"))
+            if bearer is not None and match_token(bearer, tokens) is not None:
+                return "bearer"
+    offered = [str(p) for p in scope.get("subprotocols") or []]
+    if PROTOCOL in offered:  # the server must answer a subprotocol the browser offered: omniweb.v1
+        for proto in offered:
+            token = proto.removeprefix(TOKEN_PROTOCOL_PREFIX)
+            if proto.startswith(TOKEN_PROTOCOL_PREFIX) and match_token(token, tokens) is not None:
+                return "subprotocol"
+    query = parse_qs(scope.get("query_string", b"").decode("latin1"))
+    for value in query.get(SIGNED_TOKEN_PARAM, []):
+        if check_signed_token(value, tokens):
+            return "signed-url"
+    return None
+
+
+# -- clients -----------------------------------------------------------------------------------------
+def client_key(scope: dict[str, Any]) -> str | None:
+    """The address a session limit applies to; None for unlimited (no address, or this machine)."""
+    global _warned_unforwarded_proxy
+    client = scope.get("client")
+    if not client:
+        return None
+    host = str(client[0])
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        return host
+    forwarded = [value for name, value in scope.get("headers", []) if name in _FORWARDING_HEADERS]
+    if not forwarded:
+        return None
+    if any(value.decode("latin-1").split(",")[0].strip() == host for value in forwarded):
+        return None  # daphne applied the header (--proxy-headers): the real client is on this machine
+    if not _warned_unforwarded_proxy:
+        _warned_unforwarded_proxy = True
+        logger.warning(
+            "WebSocket connections arrive from a local proxy with forwarding headers but daphne "
+            "does not read them: run daphne with --proxy-headers, or every client shares one "
+            "session limit (OMNIWEB_MAX_SESSIONS_PER_CLIENT)"
+        )
+    return host
+
+
+def open_sessions(key: str) -> int:
+    return _open_per_client[key]
+
+
+# -- the middleware ----------------------------------------------------------------------------------
+class WebsocketAccess:
+    def __init__(self, application: Any) -> None:
+        self.application = application
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        if scope["type"] != "websocket":
+            return await self.application(scope, receive, send)
+        offered = [str(p) for p in scope.get("subprotocols") or []]
+        # The consumer never sees a token offered as a subprotocol.
+        scope = {**scope, "subprotocols": [p for p in offered if not p.startswith(TOKEN_PROTOCOL_PREFIX)]}
+        tokens = api_tokens()
+        if tokens:
+            method = authenticate({**scope, "subprotocols": offered}, tokens)
+            if method is None:
+                metrics.count_error("auth")
+                logger.info("WebSocket %s refused: no valid API token", scope.get("path"))
+                return await deny_handshake(receive, send)
+            scope["omniweb.auth"] = method
+        key = client_key(scope)
+        limit = settings.MAX_SESSIONS_PER_CLIENT
+        if key is not None and limit > 0 and _open_per_client[key] >= limit:
+            metrics.count_error("limit")
+            logger.info("WebSocket %s refused: %s already has %d sessions open", scope.get("path"), key, limit)
+            return await deny_handshake(receive, send)
+        if key is not None:
+            _open_per_client[key] += 1
+        endpoint = str(scope.get("path", ""))
+        accepted = False
+
+        async def send_wrapper(message: dict[str, Any]) -> None:
+            nonlocal accepted
+            if message["type"] == "websocket.accept" and not accepted:
+                if message.get("subprotocol") is None and PROTOCOL in offered:
+                    message = {**message, "subprotocol": PROTOCOL}
+                accepted = True
+                metrics.SESSIONS_OPEN.labels(endpoint=endpoint).inc()
+            await send(message)
+
+        try:
+            return await self.application(scope, receive, send_wrapper)
+        finally:
+            if accepted:
+                metrics.SESSIONS_OPEN.labels(endpoint=endpoint).dec()
+            if key is not None:
+                _open_per_client[key] -= 1
+                if _open_per_client[key] <= 0:
+                    del _open_per_client[key]
+
+
+def websocket_access(application: Any) -> WebsocketAccess:
+    return WebsocketAccess(application)

@@ -1,0 +1,182 @@
+"""The engine worker: ``manage.py runworker omniweb-engine`` on GPU hosts.
+
+``EngineWorkerConsumer`` takes ``engine.submit`` messages from the named worker channel (Redis
+hands each to exactly one listening worker), runs them on this process's scheduler and streams
+the chunks to the request's reply channel; ``engine.abort`` arrives on the consumer's own channel,
+whose name every accepted request learns from ``engine.accepted``. A background task publishes
+this worker's liveness and load to Redis for ``/healthz`` and ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+from channels.consumer import AsyncConsumer
+from channels.exceptions import ChannelFull
+from channels.worker import Worker
+from django.conf import settings
+
+from omniweb.metrics import WORKER_KEY_PREFIX, serve_worker_metrics
+
+from .dispatch import HEARTBEAT_SECONDS, WORKER_BEAT_SECONDS, send_with_retry, split_for_layer
+from .runtime import get_scheduler
+from .scheduler import AdmissionError
+
+logger = logging.getLogger(__name__)
+
+CLAIM_KEY_PREFIX = "omniweb:claim:"
+CLAIM_SECONDS = 600  # longer than any request waits in the channel (its expiry)
+
+
+def worker_id() -> str:
+    return settings.WORKER_ID or f"{socket.gethostname()}-{os.getpid()}"
+
+
+class EngineWorkerConsumer(AsyncConsumer):
+    """One per worker process; requests run concurrently on the scheduler's threads."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.forwarders: set[asyncio.Task[None]] = set()
+        self.redis: Any = None
+
+    async def claim(self, request_id: str) -> bool:
+        """Exactly one worker runs a request.
+
+        channels_redis can hand one message on a shared channel to two listeners (its in-flight
+        backup queue is restored by whichever listener polls next), so the first worker to set
+        the request's claim key in Redis wins and any other copy is dropped.
+        """
+        if self.redis is None:
+            import redis.asyncio as redis
+
+            self.redis = redis.from_url(settings.REDIS_URL)
+        claimed = await self.redis.set(CLAIM_KEY_PREFIX + request_id, worker_id(), nx=True, ex=CLAIM_SECONDS)
+        return bool(claimed)
+
+    async def engine_submit(self, message: dict[str, Any]) -> None:
+        rid, reply = message["request_id"], message["reply_to"]
+        if time.time() - message.get("sent_at", 0) > message.get("accept_timeout", 5.0):
+            logger.warning("dropping request %s: its client stopped waiting for a worker", rid)
+            return
+        if not await self.claim(rid):
+            logger.info("request %s is already served by another worker", rid)
+            return
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        def sink(chunk: dict[str, Any]) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, chunk)
+
+        scheduler = get_scheduler()
+        try:
+            scheduler.submit(rid, message["request"], sink)
+        except AdmissionError:
+            queue.put_nowait({"type": "end", "status": "busy", "message": "server is at capacity; retry shortly"})
+        except ValueError as exc:
+            queue.put_nowait({"type": "end", "status": "invalid", "message": str(exc)})
+        task = asyncio.ensure_future(self._forward(rid, reply, queue))
+        self.forwarders.add(task)  # keep a reference until it is done
+        task.add_done_callback(self.forwarders.discard)
+
+    async def engine_abort(self, message: dict[str, Any]) -> None:
+        get_scheduler().abort(message["request_id"])
+
+    async def _forward(self, rid: str, reply: str, queue: asyncio.Queue[dict[str, Any]]) -> None:
+        """Accept, then relay chunks (heartbeats in between) until the request's end chunk."""
+        patience = settings.ENGINE_SEND_PATIENCE
+        try:
+            await send_with_retry(
+                self.channel_layer,
+                reply,
+                {"type": "engine.accepted", "request_id": rid, "owner": self.channel_name, "worker": worker_id()},
+                patience,
+            )
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(queue.get(), HEARTBEAT_SECONDS)
+                except TimeoutError:
+                    await send_with_retry(
+                        self.channel_layer, reply, {"type": "engine.heartbeat", "request_id": rid}, patience
+                    )
+                    continue
+                for part in split_for_layer(chunk):
+                    await send_with_retry(
+                        self.channel_layer, reply, {"type": "engine.chunk", "request_id": rid, "chunk": part}, patience
+                    )
+                if chunk["type"] == "end":
+                    return
+        except ChannelFull:
+            logger.error("request %s: reply channel full for %.1f s; aborting it", rid, patience)
+        except Exception:
+            logger.exception("request %s: cannot deliver to its client; aborting it", rid)
+        get_scheduler().abort(rid)  # nothing left to deliver to: free the engine
+
+
+class EngineWorker(Worker):
+    """channels' Worker that outlives channel-layer outages and publishes its heartbeat."""
+
+    async def handle(self) -> None:
+        if settings.WORKER_METRICS_PORT:
+            # Workers serve no HTTP; their own engine metrics (batch sizes) get a port of their own.
+            serve_worker_metrics(settings.WORKER_METRICS_PORT)
+        heartbeat = asyncio.ensure_future(publish_heartbeat())
+        try:
+            await super().handle()
+        finally:
+            heartbeat.cancel()
+
+    async def listener(self, channel: str) -> None:
+        delay = 0.1
+        while True:
+            try:
+                message = await self.channel_layer.receive(channel)
+            except Exception:  # Redis restarting: keep trying, new requests work once it is back
+                logger.warning("channel layer receive failed; retrying in %.1f s", delay, exc_info=True)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            delay = 0.1
+            if not message.get("type"):
+                logger.error("dropping a message with no type on %s", channel)
+                continue
+            scope = {"type": "channel", "channel": channel}
+            queue = self.get_or_create_application_instance(channel, scope)
+            await queue.put(message)
+
+
+async def publish_heartbeat() -> None:
+    """Twice a second: ``omniweb:worker:<id>`` = this worker's load, expiring if the worker dies."""
+    import redis.asyncio as redis
+
+    client = redis.from_url(settings.REDIS_URL)
+    key = WORKER_KEY_PREFIX + worker_id()
+    ttl = max(2, int(settings.ENGINE_LEASE_SECONDS) + 2)
+    scheduler = get_scheduler()
+    try:
+        while True:
+            stats = scheduler.stats()
+            value = {
+                "worker": worker_id(),
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "active": stats.active,
+                "queued": stats.queued,
+                "running_steps": stats.running_steps,
+                "steps_total": stats.steps_total,
+                "batches_total": stats.batches_total,
+                "ts": time.time(),
+            }
+            try:
+                await client.set(key, json.dumps(value), ex=ttl)
+            except Exception:
+                logger.warning("heartbeat to Redis failed", exc_info=True)
+            await asyncio.sleep(WORKER_BEAT_SECONDS)
+    finally:
+        await client.aclose()

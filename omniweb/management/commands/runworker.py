@@ -1,0 +1,23 @@
+"""``runworker`` with omniweb's resilient engine worker (models load before the first request)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.management.commands.runworker import Command as ChannelsRunworker
+from django.conf import settings
+from django.core.management.base import CommandError
+
+from omniweb.engine.runtime import get_scheduler
+from omniweb.engine.worker import EngineWorker
+
+
+class Command(ChannelsRunworker):
+    worker_class = EngineWorker
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if not settings.REDIS_URL:
+            raise CommandError("runworker needs OMNIWEB_REDIS_URL: workers and daphne meet on Redis")
+        if settings.ENGINE_CHANNEL in options["channels"]:
+            get_scheduler()  # load the models now, not on the first request
+        super().handle(*args, **options)

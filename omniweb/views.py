@@ -1,0 +1,71 @@
+"""Operations endpoints: ``/healthz``, ``/metrics`` and ``POST /v1/ws-token``.
+
+All three are async views (the project serves HTTP through daphne/ASGI). None of them starts the
+engine: the in-process scheduler is only reported once something else has started it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.http import require_GET, require_POST
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from . import auth, metrics
+
+
+def _no_store(response: HttpResponse) -> HttpResponse:
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_GET
+async def healthz(request: HttpRequest) -> HttpResponse:
+    """200 when the channel layer answers and an engine can take work (embedded, or a live worker)."""
+    layer, (workers, _) = await asyncio.gather(metrics.layer_status(), metrics.engine_workers())
+    redis_mode = metrics.redis_mode()
+    # In Redis mode requests go to the workers over the layer: this process's own engine (if any
+    # code started one) does not count.
+    serving = [w for w in workers if w["up"] and not (redis_mode and w["worker"] == metrics.LOCAL_WORKER)]
+    local = next((w for w in workers if w["worker"] == metrics.LOCAL_WORKER), None)
+    engine: dict[str, Any] = {
+        "mode": "redis" if redis_mode else "embedded",
+        "local_started": local is not None,
+        "workers_up": len(serving),
+        "active": sum(int(w.get("active") or 0) for w in serving),
+        "queued": sum(int(w.get("queued") or 0) for w in serving),
+        "running_steps": sum(int(w.get("running_steps") or 0) for w in serving),
+    }
+    ok = bool(layer["reachable"]) and (not redis_mode or bool(serving))
+    body = {"ok": ok, "channel_layer": layer, "workers": workers, "engine": engine}
+    return _no_store(JsonResponse(body, status=200 if ok else 503))
+
+
+@require_GET
+async def metrics_view(request: HttpRequest) -> HttpResponse:
+    workers, _ = await metrics.engine_workers()
+    return _no_store(HttpResponse(metrics.render(workers), content_type=CONTENT_TYPE_LATEST))
+
+
+@require_POST
+async def ws_token(request: HttpRequest) -> HttpResponse:
+    """Trade an API token (``Authorization: Bearer``) for a short-lived ``?token=`` WebSocket token."""
+    tokens = auth.api_tokens()
+    if not tokens:
+        return _no_store(JsonResponse({"error": "access control is off (OMNIWEB_API_TOKENS is not set)"}, status=404))
+    presented = auth.parse_bearer(request.headers.get("Authorization", ""))
+    api_token = auth.match_token(presented, tokens) if presented is not None else None
+    if api_token is None:
+        metrics.count_error("auth")
+        response = JsonResponse({"error": "send a valid API token as 'Authorization: Bearer <token>'"}, status=401)
+        response["WWW-Authenticate"] = 'Bearer realm="omniweb"'
+        return _no_store(response)
+    body = {
+        "token": auth.sign_ws_token(api_token),
+        "expires_in": settings.SIGNED_URL_MAX_AGE,
+        "query_parameter": auth.SIGNED_TOKEN_PARAM,
+    }
+    return _no_store(JsonResponse(body))

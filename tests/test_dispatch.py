@@ -1,0 +1,236 @@
+"""The engine over channels_redis: real redis-server, real ``runworker`` processes, real faults.
+
+The speech protocol suite already runs over this path (conftest's ``engine`` fixture); these tests
+provoke what a normal session never does: a worker killed with SIGKILL, Redis restarted, a full
+channel, a client that walks away, payloads near the layer's 1 MB message limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from channels_redis.core import RedisChannelLayer
+from conftest import ROOT, _free_port, _stop
+
+from omniweb.engine.dispatch import MAX_MESSAGE_BYTES, ChannelEngineClient, split_for_layer
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (.ci/run installs it)"),
+    pytest.mark.timeout(120),
+]
+
+LONG = " ".join(f"Sentence number {i} keeps this worker busy for a while longer." for i in range(40))
+
+
+def request(text: str) -> dict[str, Any]:
+    return {"pipeline": "speech.tts", "text": text, "split": "sentence", "seed": 1}
+
+
+class Stack:
+    """redis-server on a fixed port (so it can be restarted) and named engine workers."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.redis: subprocess.Popen[bytes] | None = None
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start_redis(self) -> None:
+        self.redis = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while self.run_redis(lambda r: r.ping()) is not True:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+
+    def stop_redis(self) -> None:
+        assert self.redis is not None
+        self.redis.kill()
+        self.redis.wait(5)
+
+    def start_worker(self, name: str) -> None:
+        env = {**os.environ, "OMNIWEB_REDIS_URL": self.url, "OMNIWEB_WORKER_ID": name}
+        cmd = [sys.executable, "manage.py", "runworker", "omniweb-engine"]
+        self.workers[name] = subprocess.Popen(cmd, cwd=ROOT, env=env)
+        deadline = time.monotonic() + 60
+        while self.beat(name) is None:
+            assert time.monotonic() < deadline, f"worker {name} did not come up"
+            assert self.workers[name].poll() is None, f"worker {name} exited"
+            time.sleep(0.1)
+
+    def run_redis(self, fn: Any) -> Any:
+        import redis
+
+        client = redis.Redis.from_url(self.url, socket_timeout=1)
+        try:
+            return fn(client)
+        except redis.RedisError:
+            return None
+        finally:
+            client.close()
+
+    def beat(self, name: str) -> dict[str, Any] | None:
+        raw = self.run_redis(lambda r: r.get(f"omniweb:worker:{name}"))
+        return json.loads(raw) if raw else None
+
+    def stop(self) -> None:
+        _stop([*self.workers.values(), *([self.redis] if self.redis else [])])
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    s = Stack()
+    try:
+        s.start_redis()
+        s.start_worker("w1")
+        s.start_worker("w2")
+        yield s
+    finally:
+        s.stop()
+
+
+def client_for(stack: Stack, **kw: Any) -> ChannelEngineClient:
+    layer = RedisChannelLayer(hosts=[stack.url], **kw)
+    return ChannelEngineClient(layer, "omniweb-engine", lease=3.0, accept_timeout=5.0)
+
+
+async def collect(client: ChannelEngineClient, req: dict[str, Any], log: list[tuple[float, dict[str, Any]]]) -> None:
+    async for chunk in client.stream(req):
+        log.append((time.monotonic(), chunk))
+
+
+def ended(log: list[tuple[float, dict[str, Any]]]) -> dict[str, Any]:
+    return log[-1][1]
+
+
+async def wait_busy(stack: Stack, names: list[str]) -> str:
+    """The name of a worker that reports work in progress."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for name in names:
+            beat = stack.beat(name)
+            if beat and beat["active"]:
+                return name
+        await asyncio.sleep(0.05)
+    raise AssertionError("no worker reported active work")
+
+
+async def test_streams_over_redis_equal_the_local_engine(stack):
+    client = client_for(stack)
+    log: list[tuple[float, dict[str, Any]]] = []
+    await collect(client, request("Two sentences. Over Redis."), log)
+    chunks = [c for _, c in log]
+    assert [c["type"] for c in chunks if c["type"] != "audio"] == [
+        "sentence.start",
+        "sentence.end",
+        "sentence.start",
+        "sentence.end",
+        "end",
+    ]
+    assert chunks[-1] == {"type": "end", "status": "ok", "total_sentences": 2}
+    assert sum(len(c["pcm"]) for c in chunks if c["type"] == "audio") > 24000
+
+
+async def test_killed_worker_fails_its_streams_within_five_seconds_only(stack):
+    client = client_for(stack)
+    logs: list[list[tuple[float, dict[str, Any]]]] = [[] for _ in range(6)]
+    tasks = [asyncio.ensure_future(collect(client, request(LONG), log)) for log in logs]
+    while not all(log for log in logs):  # every stream has started
+        await asyncio.sleep(0.02)
+    victim = await wait_busy(stack, ["w1", "w2"])
+    killed_at = time.monotonic()
+    os.kill(stack.workers[victim].pid, signal.SIGKILL)
+    await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    failed = [log for log in logs if ended(log)["status"] == "error"]
+    finished = [log for log in logs if ended(log)["status"] == "ok"]
+    assert failed, "the killed worker served none of the streams"
+    assert len(failed) + len(finished) == len(logs)
+    for log in failed:
+        assert ended(log)["message"] == "engine worker lost"
+        assert log[-1][0] - killed_at < 5.0
+    stack.workers[victim].wait(5)
+    # New requests go to the live worker.
+    again: list[tuple[float, dict[str, Any]]] = []
+    await asyncio.wait_for(collect(client, request("After the crash."), again), 20)
+    assert ended(again)["status"] == "ok"
+    stack.start_worker(victim)  # leave two workers for the next test
+
+
+async def test_client_walking_away_frees_the_worker_within_a_second(stack):
+    client = client_for(stack)
+    stream = client.stream(request(LONG))
+    async for chunk in stream:
+        if chunk["type"] == "audio":
+            break
+    busy = await wait_busy(stack, ["w1", "w2"])
+    await stream.aclose()  # what a disconnecting session does
+    left_at = time.monotonic()
+    while (beat := stack.beat(busy)) is None or beat["active"] or beat["running_steps"]:
+        assert time.monotonic() - left_at < 1.5, f"worker still busy: {beat}"  # 1 s + one heartbeat period
+        await asyncio.sleep(0.05)
+
+
+async def test_redis_restart_fails_in_flight_requests_and_recovers(stack):
+    client = client_for(stack)
+    log: list[tuple[float, dict[str, Any]]] = []
+    task = asyncio.ensure_future(collect(client, request(LONG), log))
+    while not log:
+        await asyncio.sleep(0.02)
+    stack.stop_redis()
+    await asyncio.wait_for(task, 10)
+    assert ended(log)["status"] == "error"
+    stack.start_redis()
+    # Workers reconnect on their own; a new request works without restarting anything.
+    deadline = time.monotonic() + 20
+    while True:
+        again: list[tuple[float, dict[str, Any]]] = []
+        await asyncio.wait_for(collect(client_for(stack), request("Redis is back."), again), 20)
+        if ended(again)["status"] == "ok":
+            break
+        assert time.monotonic() < deadline, f"no recovery: {ended(again)}"
+        await asyncio.sleep(0.5)
+    assert all(w.poll() is None for w in stack.workers.values())
+
+
+async def test_full_worker_channel_is_a_clear_busy_error(stack):
+    client = client_for(stack, channel_capacity={"omniweb-engine": 0})
+    log: list[tuple[float, dict[str, Any]]] = []
+    await collect(client, request("Never sent."), log)
+    assert [c for _, c in log] == [{"type": "end", "status": "busy", "message": "server is at capacity; retry shortly"}]
+
+
+async def test_requests_over_the_message_limit_are_refused_not_sent(stack):
+    client = client_for(stack)
+    log: list[tuple[float, dict[str, Any]]] = []
+    await collect(client, request("x" * (MAX_MESSAGE_BYTES + 1)), log)
+    assert ended(log)["status"] == "invalid"
+    # The largest utterance the protocol allows (100 000 characters) fits.
+    ok: list[tuple[float, dict[str, Any]]] = []
+    stream = client.stream(request("Word. " * 16_000))
+    async for chunk in stream:
+        ok.append((time.monotonic(), chunk))
+        if chunk["type"] == "audio":
+            break
+    await stream.aclose()
+    assert ok[-1][1]["type"] == "audio"
+
+
+def test_large_audio_chunks_are_split_under_the_limit():
+    pcm = bytes(range(256)) * 4000  # ~1 MB
+    parts = split_for_layer({"type": "audio", "sentence_index": 3, "pcm": pcm})
+    assert len(parts) > 1 and b"".join(p["pcm"] for p in parts) == pcm
+    assert all(p["sentence_index"] == 3 and len(p["pcm"]) % 2 == 0 for p in parts)
+    small = {"type": "audio", "sentence_index": 0, "pcm": b"\x00\x01"}
+    assert split_for_layer(small) == [small]

@@ -1,0 +1,339 @@
+"""``/healthz`` and ``/metrics``: embedded mode, a real speech session's metrics, and Redis mode.
+
+Redis mode runs a real ``redis-server`` on a free port (skipped when it is not installed); a
+heartbeat key written by the test stands for an engine worker.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import SPEECH_PATH, session, speak
+from django.test import AsyncClient
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
+
+from omniweb import metrics
+from omniweb.engine import runtime
+
+METRIC_NAMES = {
+    "omniweb_sessions_open",
+    "omniweb_engine_requests_active",
+    "omniweb_engine_requests_queued",
+    "omniweb_engine_running_steps",
+    "omniweb_engine_batch_size",
+    "omniweb_time_to_first_audio_seconds",
+    "omniweb_errors",  # exposed as omniweb_errors_total
+    "omniweb_worker_up",
+}
+
+
+def sample(name: str, **labels: str) -> float:
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def scrape() -> dict[str, Any]:
+    response = await AsyncClient().get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"] == CONTENT_TYPE_LATEST
+    return {f.name: f for f in text_string_to_metric_families(response.content.decode())}
+
+
+def value(families: dict[str, Any], sample_name: str, **labels: str) -> float | None:
+    """The value of the sample ``sample_name`` (e.g. ``x_total``, ``x_count``) with these labels."""
+    for family in families.values():
+        for s in family.samples:
+            if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return None
+
+
+async def health() -> tuple[int, dict[str, Any]]:
+    response = await AsyncClient().get("/healthz")
+    assert response["Content-Type"] == "application/json"
+    return response.status_code, json.loads(response.content)
+
+
+def remote(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Workers other than this process's own engine."""
+    return [w for w in body["workers"] if w["worker"] != "local"]
+
+
+# -- embedded mode -----------------------------------------------------------------------------------
+@pytest.fixture
+def embedded(settings) -> None:
+    """The embedded default's settings, whichever dispatch path the session has running."""
+    settings.REDIS_URL = ""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+def dispatch_path(request: pytest.FixtureRequest) -> str:
+    return request.node.callspec.params["engine"]
+
+
+async def test_healthz_embedded_never_starts_the_engine(embedded, monkeypatch):
+    monkeypatch.setattr(runtime, "_scheduler", None)
+
+    def refuse() -> None:
+        raise AssertionError("a health check must not start the engine")
+
+    monkeypatch.setattr(runtime, "get_scheduler", refuse)
+    monkeypatch.setattr(runtime, "get_engine_client", refuse)
+    status, body = await health()
+    assert status == 200
+    assert body == {
+        "ok": True,
+        "channel_layer": {"backend": "channels.layers.InMemoryChannelLayer", "reachable": True},
+        "workers": [],
+        "engine": {
+            "mode": "embedded",
+            "local_started": False,
+            "workers_up": 0,
+            "active": 0,
+            "queued": 0,
+            "running_steps": 0,
+        },
+    }
+    assert runtime._scheduler is None
+
+
+async def test_healthz_reports_the_dispatch_path_under_test(engine, request):
+    status, body = await health()
+    assert status == 200 and body["ok"] is True
+    assert body["channel_layer"]["reachable"] is True
+    fields = {"worker", "host", "pid", "active", "queued", "running_steps", "steps_total", "batches_total", "up"}
+    if dispatch_path(request) == "local":
+        assert body["channel_layer"]["backend"] == "channels.layers.InMemoryChannelLayer"
+        [local] = body["workers"]
+        assert local["worker"] == "local" and local["up"] is True and fields <= set(local)
+        assert body["engine"]["mode"] == "embedded"
+        assert body["engine"]["local_started"] is True and body["engine"]["workers_up"] == 1
+    else:  # the conftest's two `runworker` processes, seen through their own heartbeats
+        assert body["channel_layer"]["backend"] == "channels_redis.core.RedisChannelLayer"
+        workers = remote(body)
+        assert len(workers) == 2 and all(w["up"] and fields <= set(w) for w in workers)
+        assert body["engine"]["mode"] == "redis" and body["engine"]["workers_up"] == 2
+
+
+async def test_only_get_is_served():
+    assert (await AsyncClient().post("/healthz")).status_code == 405
+    assert (await AsyncClient().post("/metrics")).status_code == 405
+
+
+async def test_metrics_exposition_has_every_metric(engine, request):
+    metrics.observe_batch("vocoder", 3)
+    families = await scrape()
+    assert set(families) >= METRIC_NAMES
+    assert families["omniweb_errors"].type == "counter"
+    assert families["omniweb_engine_batch_size"].type == "histogram"
+    assert families["omniweb_time_to_first_audio_seconds"].type == "histogram"
+    for kind in metrics.ERROR_KINDS:
+        assert value(families, "omniweb_errors_total", kind=kind) is not None
+    assert value(families, "omniweb_engine_batch_size_count", kind="vocoder") >= 1
+    # The engine gauges are computed at scrape time, per worker.
+    if dispatch_path(request) == "local":
+        workers = ["local"]
+    else:
+        workers = [s.labels["worker"] for s in families["omniweb_worker_up"].samples if s.labels["worker"] != "local"]
+        assert len(workers) == 2
+    for worker in workers:
+        assert value(families, "omniweb_worker_up", worker=worker) == 1
+        for name in (
+            "omniweb_engine_requests_active",
+            "omniweb_engine_requests_queued",
+            "omniweb_engine_running_steps",
+        ):
+            assert value(families, name, worker=worker) == 0
+
+
+async def test_a_speech_session_is_measured(connect):
+    stream_before = sample("omniweb_time_to_first_audio_seconds_count", mode="stream")
+    file_before = sample("omniweb_time_to_first_audio_seconds_count", mode="file")
+    open_before = sample("omniweb_sessions_open", endpoint=SPEECH_PATH)
+    protocol_before = sample("omniweb_errors_total", kind="protocol")
+
+    comm = await session(connect, response_format="pcm", stream_audio=True)
+    assert sample("omniweb_sessions_open", endpoint=SPEECH_PATH) == open_before + 1
+    t = await speak(comm, "Hello there. How are you?")
+    assert t.errors == [] and len(t.of_type("audio.done")) == 2
+    # Once per utterance, not per sentence or chunk.
+    assert sample("omniweb_time_to_first_audio_seconds_count", mode="stream") == stream_before + 1
+    await comm.send_json_to({"type": "session.config", "response_format": "wav"})
+    t = await speak(comm, "A file this time.")
+    assert t.errors == [] and len(t.binary) == 1
+    assert sample("omniweb_time_to_first_audio_seconds_count", mode="file") == file_before + 1
+    await comm.send_json_to({"type": "no.such.message"})
+    t = await speak(comm, "")  # flush nothing: session.done after the error
+    assert len(t.errors) == 1
+    assert sample("omniweb_errors_total", kind="protocol") == protocol_before + 1
+
+    families = await scrape()
+    assert value(families, "omniweb_sessions_open", endpoint=SPEECH_PATH) == open_before + 1
+    assert value(families, "omniweb_time_to_first_audio_seconds_count", mode="stream") == stream_before + 1
+    assert value(families, "omniweb_time_to_first_audio_seconds_sum", mode="stream") > 0
+
+    await comm.disconnect(timeout=5)
+    assert sample("omniweb_sessions_open", endpoint=SPEECH_PATH) == open_before
+    families = await scrape()
+    assert value(families, "omniweb_sessions_open", endpoint=SPEECH_PATH) == open_before
+
+
+async def test_a_session_closed_by_the_server_is_counted_down_once(connect):
+    open_before = sample("omniweb_sessions_open", endpoint=SPEECH_PATH)
+    comm = await connect()
+    await comm.send_json_to({"type": "input.text", "text": "no config first"})
+    msg = await comm.receive_json_from(timeout=5)
+    assert msg["type"] == "error"
+    assert (await comm.receive_output(timeout=5))["type"] == "websocket.close"
+    await comm.disconnect(timeout=5)
+    assert sample("omniweb_sessions_open", endpoint=SPEECH_PATH) == open_before
+
+
+def test_error_messages_are_classified():
+    assert metrics.error_kind("Generation failed for utterance 0, sentence 2") == "generation"
+    assert metrics.error_kind("server is at capacity; retry shortly") == "busy"
+    assert metrics.error_kind("Timeout waiting for session.config") == "timeout"
+    assert metrics.error_kind("Idle timeout: no message received") == "timeout"
+    assert metrics.error_kind("Client is not reading: over 8388608 bytes queued; session closed") == "stalled"
+    assert metrics.error_kind("Unknown message type: x") == "protocol"
+
+
+# -- Redis mode --------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None, "redis-server exited"
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+async def redis_mode(settings, redis_url) -> Any:
+    """Settings as in a Redis deployment; a client on the test's Redis, emptied first."""
+    import redis.asyncio as redis
+
+    settings.REDIS_URL = redis_url
+    settings.CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [redis_url]}}
+    }
+    client = redis.from_url(redis_url)
+    await client.flushdb()
+    yield client
+    await client.aclose()
+
+
+def heartbeat(worker: str, *, age: float = 0.0, active: int = 3) -> str:
+    return json.dumps(
+        {
+            "worker": worker,
+            "host": "gpu-host-1",
+            "pid": 4242,
+            "active": active,
+            "queued": 1,
+            "running_steps": 2,
+            "steps_total": 1000,
+            "batches_total": 100,
+            "ts": time.time() - age,
+        }
+    )
+
+
+async def test_redis_mode_without_workers_is_unhealthy(redis_mode):
+    status, body = await health()
+    assert status == 503 and body["ok"] is False
+    assert body["channel_layer"] == {"backend": "channels_redis.core.RedisChannelLayer", "reachable": True}
+    assert remote(body) == [] and body["engine"]["mode"] == "redis" and body["engine"]["workers_up"] == 0
+
+
+async def test_redis_mode_lists_a_worker_heartbeat_until_it_expires(redis_mode):
+    await redis_mode.set("omniweb:worker:gpu-1", heartbeat("gpu-1"), px=700)
+    status, body = await health()
+    assert status == 200 and body["ok"] is True
+    [worker] = remote(body)
+    assert worker["worker"] == "gpu-1" and worker["host"] == "gpu-host-1" and worker["up"] is True
+    assert worker["active"] == 3 and worker["age_seconds"] < 1
+    assert body["engine"]["workers_up"] == 1 and body["engine"]["active"] == 3
+
+    families = await scrape()
+    assert value(families, "omniweb_worker_up", worker="gpu-1") == 1
+    assert value(families, "omniweb_engine_requests_active", worker="gpu-1") == 3
+    assert value(families, "omniweb_engine_requests_queued", worker="gpu-1") == 1
+    assert value(families, "omniweb_engine_running_steps", worker="gpu-1") == 2
+    assert value(families, "omniweb_engine_steps_total", worker="gpu-1") == 1000
+
+    deadline = time.monotonic() + 5
+    while await redis_mode.exists("omniweb:worker:gpu-1"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    status, body = await health()
+    assert status == 503 and body["ok"] is False and remote(body) == []
+    families = await scrape()
+    assert value(families, "omniweb_worker_up", worker="gpu-1") is None
+
+
+async def test_redis_mode_stale_heartbeat_is_down(redis_mode):
+    await redis_mode.set("omniweb:worker:gpu-2", heartbeat("gpu-2", age=60), ex=10)
+    await redis_mode.set("omniweb:worker:broken", b"not json", ex=10)
+    status, body = await health()
+    assert status == 503
+    [worker] = remote(body)
+    assert worker["worker"] == "gpu-2" and worker["up"] is False and worker["age_seconds"] >= 60
+    families = await scrape()
+    assert value(families, "omniweb_worker_up", worker="gpu-2") == 0
+
+
+async def test_redis_mode_one_live_worker_is_enough(redis_mode):
+    await redis_mode.set("omniweb:worker:gpu-2", heartbeat("gpu-2", age=60), ex=10)
+    await redis_mode.set("omniweb:worker:gpu-3", heartbeat("gpu-3", active=0), ex=10)
+    status, body = await health()
+    assert status == 200
+    assert [(w["worker"], w["up"]) for w in remote(body)] == [("gpu-2", False), ("gpu-3", True)]
+
+
+async def test_unreachable_redis_is_reported_quickly(settings):
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    settings.REDIS_URL = url
+    settings.CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [url]}}
+    }
+    started = time.monotonic()
+    status, body = await health()
+    assert time.monotonic() - started < 3
+    assert status == 503 and body["ok"] is False
+    assert body["channel_layer"]["reachable"] is False
+    assert (await AsyncClient().get("/metrics")).status_code == 200  # metrics still render
