@@ -241,9 +241,9 @@ def wait_engine_idle(seconds: float = IDLE_POLL_SECONDS) -> Any:
         time.sleep(0.02)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def unpaced_engine() -> None:
-    """The in-process engine too (settings may have been read before this module was)."""
+def pytest_configure(config: pytest.Config) -> None:
+    """The in-process engine too: settings were read before this module, but no engine exists yet
+    (importing omniweb.asgi during collection preloads one)."""
     from django.conf import settings
 
     settings.ENGINE_MAX_AHEAD_SECONDS = 0.0
