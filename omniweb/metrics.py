@@ -135,9 +135,13 @@ def local_worker() -> dict[str, Any] | None:
     sched = runtime._scheduler
     if sched is None:
         return None
-    stats = sched.stats()
+    return {**worker_record(LOCAL_WORKER, sched.stats()), "age_seconds": 0.0, "up": True}
+
+
+def worker_record(worker: str, stats: Any) -> dict[str, Any]:
+    """One engine's load as /healthz and /metrics read it; also what workers publish to Redis."""
     return {
-        "worker": LOCAL_WORKER,
+        "worker": worker,
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "active": stats.active,
@@ -146,8 +150,6 @@ def local_worker() -> dict[str, Any] | None:
         "steps_total": stats.steps_total,
         "batches_total": stats.batches_total,
         "ts": time.time(),
-        "age_seconds": 0.0,
-        "up": True,
     }
 
 

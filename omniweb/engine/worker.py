@@ -22,7 +22,7 @@ from channels.exceptions import ChannelFull
 from channels.worker import Worker
 from django.conf import settings
 
-from omniweb.metrics import WORKER_KEY_PREFIX, serve_worker_metrics
+from omniweb.metrics import WORKER_KEY_PREFIX, serve_worker_metrics, worker_record
 
 from .dispatch import HEARTBEAT_SECONDS, WORKER_BEAT_SECONDS, send_with_retry, split_for_layer
 from .runtime import get_scheduler
@@ -161,18 +161,7 @@ async def publish_heartbeat() -> None:
     scheduler = get_scheduler()
     try:
         while True:
-            stats = scheduler.stats()
-            value = {
-                "worker": worker_id(),
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "active": stats.active,
-                "queued": stats.queued,
-                "running_steps": stats.running_steps,
-                "steps_total": stats.steps_total,
-                "batches_total": stats.batches_total,
-                "ts": time.time(),
-            }
+            value = worker_record(worker_id(), scheduler.stats())
             try:
                 await client.set(key, json.dumps(value), ex=ttl)
             except Exception:
