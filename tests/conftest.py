@@ -259,7 +259,8 @@ def engine_left_idle() -> Iterator[None]:
 HEARTBEAT_LAG = 0.6  # a worker's heartbeat key may be this old
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for servers the tests start)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -278,7 +279,7 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 @contextlib.contextmanager
 def redis_stack() -> Iterator[str]:
     """redis-server and two engine workers on loopback; yields the Redis URL."""
-    port = _free_port()
+    port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     server = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
@@ -431,3 +432,17 @@ async def session(connect: Callable[..., Any], **fields: Any) -> WebsocketCommun
     comm = await connect()
     await configure(comm, **fields)
     return comm
+
+
+def hibari_network_outputs(sentences: list[str]) -> list[tuple[Any, ...]]:
+    """hibari's real network outputs (lh, th, ln, lr, phi, f0) for each sentence's first segment."""
+    import numpy as np
+    from hibari import Hibari
+
+    t = Hibari()
+    res = []
+    for text in sentences:
+        ids = np.asarray([t.ids(t.phonemize(text)[0])], np.int64)
+        out = t.sess.run(None, {"ids": ids, "speed": np.asarray([1.0], np.float32)})
+        res.append(tuple(o[0] for o in out[:6]))
+    return res

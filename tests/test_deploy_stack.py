@@ -39,6 +39,7 @@ from typing import Any
 
 import pytest
 import websockets
+from conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -78,12 +79,6 @@ def _load_render() -> Any:
 
 
 render = _load_render()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- services ------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from channels_redis.core import RedisChannelLayer
-from conftest import ROOT, _free_port, _stop
+from conftest import ROOT, _stop, free_port
 
 from omniweb.engine.dispatch import MAX_MESSAGE_BYTES, ChannelEngineClient, split_for_layer
 
@@ -40,7 +40,7 @@ class Stack:
     """redis-server on a fixed port (so it can be restarted) and named engine workers."""
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.redis: subprocess.Popen[bytes] | None = None
         self.workers: dict[str, subprocess.Popen[bytes]] = {}

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import websockets
+from conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = {
@@ -27,12 +28,6 @@ SERVERS = {
         "--proxy-headers", "-b", "127.0.0.1", "-p", "{port}", "omniweb.asgi:application",
     ],
 }  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module", params=sorted(SERVERS))

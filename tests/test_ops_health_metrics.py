@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import SPEECH_PATH, session, speak
+from conftest import SPEECH_PATH, free_port, session, speak
 from django.test import AsyncClient
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
@@ -206,10 +206,6 @@ def test_error_messages_are_classified():
 
 
 # -- Redis mode --------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

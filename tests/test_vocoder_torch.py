@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hibari import Hibari, dsp
+from conftest import hibari_network_outputs
+from hibari import dsp
 
 from speech.tts.vocoder import (
     HOP,
@@ -40,16 +41,7 @@ def _devices() -> list[object]:
 @pytest.fixture(scope="module")
 def outputs() -> list[tuple[np.ndarray, ...]]:
     """Real network outputs (lh, th, ln, lr, phi, f0), one tuple per sentence."""
-    t = Hibari()
-    res = []
-    for text in SENTENCES:
-        ps = t.phonemize(text)[0]
-        out = t.sess.run(
-            None,
-            {"ids": np.asarray([t.ids(ps)], np.int64), "speed": np.asarray([1.0], np.float32)},
-        )
-        res.append(tuple(o[0] for o in out[:6]))
-    return res
+    return hibari_network_outputs(SENTENCES)
 
 
 @pytest.fixture(scope="module", params=_devices())
