@@ -11,13 +11,8 @@
 # The message-size limits admit the protocol's largest message (a 4 MiB session.config; video
 # frames up to 10 MB): daphne's own default is 1 MiB. The protocol enforces per-type limits itself.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+. "$(dirname "${BASH_SOURCE[0]}")/python.sh"
 cd "$root"
-
-python="${OMNIWEB_PYTHON:-}"
-if [ -z "$python" ]; then
-    if [ -x "$root/.venv/bin/python" ]; then python="$root/.venv/bin/python"; else python=python3; fi
-fi
 
 port="${1:-${OMNIWEB_DAPHNE_PORT:-8001}}"
 case "$port" in

@@ -6,13 +6,8 @@
 #
 # Needs OMNIWEB_REDIS_URL (the same Redis as the daphne processes). OMNIWEB_PYTHON as in daphne.sh.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+. "$(dirname "${BASH_SOURCE[0]}")/python.sh"
 cd "$root"
-
-python="${OMNIWEB_PYTHON:-}"
-if [ -z "$python" ]; then
-    if [ -x "$root/.venv/bin/python" ]; then python="$root/.venv/bin/python"; else python=python3; fi
-fi
 
 if [ -z "${OMNIWEB_REDIS_URL:-}" ]; then
     echo "$0: OMNIWEB_REDIS_URL is not set: workers and daphne meet on Redis" >&2
