@@ -29,16 +29,11 @@ import time
 from pathlib import Path
 
 import websockets
+from speech_latency import free_port  # this directory is on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parent.parent
 PATH = "/v1/audio/speech/stream"
 LONG_TEXT = " ".join(f"Sentence {i} of a very long flush that may never be read." for i in range(150))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_kb(pid: int) -> int:
