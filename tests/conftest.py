@@ -358,7 +358,7 @@ def _consumer_tasks() -> list[asyncio.Task[Any]]:
         coro = task.get_coro()
         code = getattr(coro, "cr_code", None) or getattr(coro, "gi_code", None) or getattr(coro, "ag_code", None)
         filename = code.co_filename if code is not None else repr(coro)
-        if any(part in filename for part in ("/speech/", "/omniweb/", "/channels/", "/asgiref/")) or (
+        if any(part in filename for part in ("/speech/", "/video/", "/omniweb/", "/channels/", "/asgiref/")) or (
             "aclose" in repr(coro)
         ):
             stray.append(task)
