@@ -60,8 +60,8 @@ class Stack:
         self.redis.kill()
         self.redis.wait(5)
 
-    def start_worker(self, name: str) -> None:
-        env = {**os.environ, "OMNIWEB_REDIS_URL": self.url, "OMNIWEB_WORKER_ID": name}
+    def start_worker(self, name: str, **settings: str) -> None:
+        env = {**os.environ, "OMNIWEB_REDIS_URL": self.url, "OMNIWEB_WORKER_ID": name, **settings}
         cmd = [sys.executable, "manage.py", "runworker", "omniweb-engine"]
         proc = self.workers[name] = subprocess.Popen(cmd, cwd=ROOT, env=env)
         deadline = time.monotonic() + 60
@@ -166,6 +166,52 @@ async def test_killed_worker_fails_its_streams_within_five_seconds_only(stack):
     await asyncio.wait_for(collect(client, request("After the crash."), again), 20)
     assert ended(again)["status"] == "ok"
     stack.start_worker(victim)  # leave two workers for the next test
+
+
+def terminate(stack: Stack, name: str, within: float) -> float:
+    """SIGTERM a worker; it must exit cleanly within ``within`` seconds and drop its heartbeat key."""
+    sent = time.monotonic()
+    proc = stack.workers[name]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(within) == 0
+    assert stack.beat(name) is None, "a stopped worker still looks alive to /healthz"
+    return sent
+
+
+async def test_sigterm_lets_running_requests_finish_and_new_ones_go_elsewhere(stack):
+    client = client_for(stack)
+    logs: list[list[tuple[float, dict[str, Any]]]] = [[] for _ in range(4)]
+    text = "Three short sentences. Each one is spoken. Then the stream ends."
+    tasks = [asyncio.ensure_future(collect(client, request(text), log)) for log in logs]
+    while not all(log for log in logs):
+        await asyncio.sleep(0.02)
+    victim = await wait_busy(stack, ["w1", "w2"])
+    await asyncio.to_thread(terminate, stack, victim, 15)
+    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    assert [ended(log)["status"] for log in logs] == ["ok"] * 4
+    assert all(ended(log)["total_sentences"] == 3 for log in logs)
+    again: list[tuple[float, dict[str, Any]]] = []
+    await asyncio.wait_for(collect(client, request("After a clean stop."), again), 20)
+    assert ended(again)["status"] == "ok"
+    stack.start_worker(victim)
+
+
+async def test_sigterm_past_the_drain_time_fails_streams_at_once_not_after_the_lease(stack):
+    for name in ("w1", "w2"):  # idle workers stop at once
+        await asyncio.to_thread(terminate, stack, name, 5)
+    stack.start_worker("w1", OMNIWEB_WORKER_DRAIN_SECONDS="0.3")
+    client = client_for(stack)
+    logs: list[list[tuple[float, dict[str, Any]]]] = [[] for _ in range(3)]
+    tasks = [asyncio.ensure_future(collect(client, request(LONG), log)) for log in logs]
+    while not all(log for log in logs):
+        await asyncio.sleep(0.02)
+    sent = await asyncio.to_thread(terminate, stack, "w1", 10)
+    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    for log in logs:
+        assert ended(log) == {"type": "end", "status": "error", "message": "engine stopped"}
+        assert log[-1][0] - sent < 2.0  # the lease (3 s) never came into it
+    stack.start_worker("w1")
+    stack.start_worker("w2")
 
 
 async def test_client_walking_away_frees_the_worker_within_a_second(stack):

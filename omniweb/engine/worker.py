@@ -4,7 +4,9 @@
 hands each to exactly one listening worker), runs them on this process's scheduler and streams
 the chunks to the request's reply channel; ``engine.abort`` arrives on the consumer's own channel,
 whose name every accepted request learns from ``engine.accepted``. A background task publishes
-this worker's liveness and load to Redis for ``/healthz`` and ``/metrics``.
+this worker's liveness and load to Redis for ``/healthz`` and ``/metrics``. On SIGTERM (or SIGINT)
+the worker drains: it stops taking requests, lets running ones finish for a while, then ends the
+rest with an error at once, so their sessions need not wait out the lease.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import socket
 import time
 from typing import Any
@@ -32,6 +35,10 @@ logger = logging.getLogger(__name__)
 
 CLAIM_KEY_PREFIX = "omniweb:claim:"
 CLAIM_SECONDS = 600  # longer than any request waits in the channel (its expiry)
+FLUSH_SECONDS = 2.0  # after the drain, how long the last end chunks may take to reach Redis
+
+# Every request's relay task in this process, so a draining worker can wait for the last chunks.
+_forwarders: set[asyncio.Task[None]] = set()
 
 
 def worker_id() -> str:
@@ -43,7 +50,6 @@ class EngineWorkerConsumer(AsyncConsumer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.forwarders: set[asyncio.Task[None]] = set()
         self.redis: Any = None
 
     async def claim(self, request_id: str) -> bool:
@@ -82,8 +88,8 @@ class EngineWorkerConsumer(AsyncConsumer):
         except ValueError as exc:
             queue.put_nowait({"type": "end", "status": "invalid", "message": str(exc)})
         task = asyncio.ensure_future(self._forward(rid, reply, queue))
-        self.forwarders.add(task)  # keep a reference until it is done
-        task.add_done_callback(self.forwarders.discard)
+        _forwarders.add(task)  # keep a reference until it is done
+        task.add_done_callback(_forwarders.discard)
 
     async def engine_abort(self, message: dict[str, Any]) -> None:
         get_scheduler().abort(message["request_id"])
@@ -126,11 +132,28 @@ class EngineWorker(Worker):
         if settings.WORKER_METRICS_PORT:
             # Workers serve no HTTP; their own engine metrics (batch sizes) get a port of their own.
             serve_worker_metrics(settings.WORKER_METRICS_PORT)
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
         heartbeat = asyncio.ensure_future(publish_heartbeat())
+        listeners = [asyncio.ensure_future(self.listener(channel)) for channel in self.channels]
+        stop_wait = asyncio.ensure_future(stopping.wait())
         try:
-            await super().handle()
+            await asyncio.wait([stop_wait, *listeners], return_when=asyncio.FIRST_COMPLETED)
         finally:
+            stop_wait.cancel()
+            for task in listeners:  # no new requests: Redis keeps them for the other workers
+                task.cancel()
+            await asyncio.gather(*listeners, return_exceptions=True)
+            if stopping.is_set():
+                logger.info("stopping: draining for up to %.1f s", settings.WORKER_DRAIN_SECONDS)
+                await drain(settings.WORKER_DRAIN_SECONDS)
             heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
+        for task in listeners:  # a listener that failed on its own is still an error
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                raise exc
 
     async def listener(self, channel: str) -> None:
         delay = 0.1
@@ -151,8 +174,26 @@ class EngineWorker(Worker):
             await queue.put(message)
 
 
+async def drain(seconds: float) -> None:
+    """Let running requests finish for ``seconds``, then end the rest with an error, and deliver."""
+    scheduler = get_scheduler()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        stats = scheduler.stats()
+        if not stats.active and not stats.queued:
+            break
+        await asyncio.sleep(0.05)
+    # Whatever is left ends with an error chunk now, not after the lease (stop joins the threads).
+    await asyncio.to_thread(scheduler.stop)
+    if _forwarders:
+        await asyncio.wait(set(_forwarders), timeout=FLUSH_SECONDS)
+
+
 async def publish_heartbeat() -> None:
-    """Twice a second: ``omniweb:worker:<id>`` = this worker's load, expiring if the worker dies."""
+    """Twice a second: ``omniweb:worker:<id>`` = this worker's load, expiring if the worker dies.
+
+    A worker that stops on purpose deletes its key, so /healthz stops counting it at once.
+    """
     import redis.asyncio as redis
 
     client = redis.from_url(settings.REDIS_URL)
@@ -168,4 +209,8 @@ async def publish_heartbeat() -> None:
                 logger.warning("heartbeat to Redis failed", exc_info=True)
             await asyncio.sleep(WORKER_BEAT_SECONDS)
     finally:
+        try:
+            await client.delete(key)
+        except Exception:
+            logger.warning("could not remove the heartbeat key %s", key, exc_info=True)
         await client.aclose()
