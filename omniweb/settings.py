@@ -100,6 +100,8 @@ ENGINE_ACCEPT_TIMEOUT = env_float("ENGINE_ACCEPT_TIMEOUT", 5.0)  # no worker too
 ENGINE_SEND_PATIENCE = env_float("ENGINE_SEND_PATIENCE", 2.0)  # wait out a full reply channel this long
 WORKER_ID = env_str("WORKER_ID", "")  # default: hostname-pid
 WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0)  # runworker's own /metrics port (0: none)
+# On SIGTERM a worker takes no new requests and lets running ones finish this long, then fails the rest.
+WORKER_DRAIN_SECONDS = env_float("WORKER_DRAIN_SECONDS", 10.0)
 
 # Daphne rejects incoming WebSocket messages over 1 MiB by default; the speech protocol's
 # session.config may carry 4 MiB and video frames up to 10 MB, so admit 16 MiB at the transport and
