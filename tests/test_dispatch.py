@@ -22,7 +22,16 @@ import pytest
 from channels_redis.core import RedisChannelLayer
 from conftest import ROOT, _stop, free_port
 
-from omniweb.engine.dispatch import MAX_MESSAGE_BYTES, ChannelEngineClient, split_for_layer
+from omniweb.engine.dispatch import (
+    BLOB_MIN_BYTES,
+    MAX_MESSAGE_BYTES,
+    ChannelEngineClient,
+    blob_keys,
+    message_size,
+    offload_blobs,
+    restore_blobs,
+    split_for_layer,
+)
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (.ci/run installs it)"),
@@ -103,7 +112,7 @@ def stack() -> Iterator[Stack]:
 
 def client_for(stack: Stack, **kw: Any) -> ChannelEngineClient:
     layer = RedisChannelLayer(hosts=[stack.url], **kw)
-    return ChannelEngineClient(layer, "omniweb-engine", lease=3.0, accept_timeout=5.0)
+    return ChannelEngineClient(layer, "omniweb-engine", lease=3.0, accept_timeout=5.0, redis_url=stack.url)
 
 
 async def collect(client: ChannelEngineClient, req: dict[str, Any], log: list[tuple[float, dict[str, Any]]]) -> None:
@@ -285,3 +294,46 @@ def test_large_audio_chunks_are_split_under_the_limit():
     assert all(p["sentence_index"] == 3 and len(p["pcm"]) % 2 == 0 for p in parts)
     small = {"type": "audio", "sentence_index": 0, "pcm": b"\x00\x01"}
     assert split_for_layer(small) == [small]
+
+
+def test_large_byte_strings_leave_the_message_and_come_back_intact():
+    frame = {"frame_id": "f1", "data": os.urandom(3 * BLOB_MIN_BYTES), "pts_ms": 0}
+    small = {"frame_id": "f2", "data": b"tiny", "pts_ms": 40}
+    request = {"pipeline": "video.turn", "audio": os.urandom(BLOB_MIN_BYTES), "frames": [frame, small]}
+    light, blobs = offload_blobs(request, "omniweb:blob:r1:")
+    assert sorted(blobs) == ["omniweb:blob:r1:0", "omniweb:blob:r1:1"]
+    assert light["frames"][1] == small and blob_keys(light) == ["omniweb:blob:r1:0", "omniweb:blob:r1:1"]
+    assert message_size(light) < 1000
+    assert restore_blobs(light, blobs) == request
+    with pytest.raises(KeyError):
+        restore_blobs(light, {})
+
+
+def noisy_red_png(width: int, height: int) -> bytes:
+    """A red picture with sensor-like noise: PNG cannot shrink it, so it is well over 1 MB."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    image = np.zeros((height, width, 3), np.uint8)
+    image[:] = (40, 40, 200)  # BGR: red
+    image = np.clip(image.astype(np.int16) + rng.integers(-30, 31, image.shape), 0, 255).astype(np.uint8)
+    ok, data = cv2.imencode(".png", image)
+    assert ok
+    return data.tobytes()
+
+
+async def test_requests_over_the_message_limit_reach_the_worker_through_redis_keys(stack):
+    png = noisy_red_png(1280, 720)
+    assert len(png) > 2 * MAX_MESSAGE_BYTES
+    request = {
+        "pipeline": "video.turn",
+        "question": "What colour is it?",
+        "frames": [{"frame_id": "big", "data": png, "pts_ms": 0}],
+        "modalities": ["text"],
+    }
+    log: list[tuple[float, dict[str, Any]]] = []
+    await asyncio.wait_for(collect(client_for(stack), request, log), 30)
+    assert ended(log)["status"] == "ok", ended(log)
+    assert "red" in ended(log)["text"].lower()  # the worker saw the picture itself
+    assert stack.run_redis(lambda r: r.keys("omniweb:blob:*")) == []  # taken, nothing left behind

@@ -6,8 +6,10 @@ with its own address (the owner, where ``engine.abort`` goes), then ``engine.chu
 while it has nothing to send, ``engine.heartbeat`` every second. A reply channel that stays silent
 for the lease time means the worker is gone: the stream ends with an error instead of hanging.
 
-Messages stay under the layer's 1 MB limit (audio is split); ``ChannelFull`` is answered with a
-clear error, never dropped silently.
+Messages stay under the layer's 1 MB limit: audio chunks are split, and large byte strings in a
+request (camera frames, buffered microphone audio) travel as short-lived Redis keys that the worker
+which claims the request takes (``offload_blobs``). ``ChannelFull`` is answered with a clear error,
+never dropped silently.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ MAX_MESSAGE_BYTES = 1_000_000  # channels_redis' documented limit per message
 AUDIO_SPLIT_BYTES = 256 * 1024
 HEARTBEAT_SECONDS = 1.0  # a request with nothing to send says "alive" this often
 WORKER_BEAT_SECONDS = 0.5  # how often a worker publishes its load (metrics, healthz)
+BLOB_MIN_BYTES = 128 * 1024  # byte strings this large travel as Redis keys, not inside the message
+BLOB_KEY_PREFIX = "omniweb:blob:"
+BLOB_REF = "$omniweb.blob"  # {BLOB_REF: key} stands for the bytes stored under key
+MAX_REQUEST_BYTES = 64 * 1024 * 1024  # a request's bytes in all, message and keys together
+BLOB_GRACE_SECONDS = 30.0  # keys outlive the accept timeout by this much, then Redis drops them
 
 
 def message_size(message: dict[str, Any]) -> int:
@@ -43,6 +50,46 @@ def split_for_layer(chunk: dict[str, Any], limit: int = AUDIO_SPLIT_BYTES) -> li
     return [{**chunk, "pcm": pcm[i : i + step]} for i in range(0, len(pcm), step)]
 
 
+def offload_blobs(request: dict[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """Replace every byte string of ``BLOB_MIN_BYTES`` or more with a reference to a key under ``prefix``."""
+    blobs: dict[str, bytes] = {}
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, bytes) and len(value) >= BLOB_MIN_BYTES:
+            key = f"{prefix}{len(blobs)}"
+            blobs[key] = value
+            return {BLOB_REF: key}
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return value
+
+    return walk(request), blobs
+
+
+def blob_keys(request: Any) -> list[str]:
+    """The keys a request refers to, in order."""
+    if isinstance(request, dict):
+        if set(request) == {BLOB_REF}:
+            return [request[BLOB_REF]]
+        return [key for v in request.values() for key in blob_keys(v)]
+    if isinstance(request, list):
+        return [key for v in request for key in blob_keys(v)]
+    return []
+
+
+def restore_blobs(request: Any, blobs: dict[str, bytes]) -> Any:
+    """Inverse of ``offload_blobs`` given the stored bytes; ``KeyError`` when one is missing."""
+    if isinstance(request, dict):
+        if set(request) == {BLOB_REF}:
+            return blobs[request[BLOB_REF]]
+        return {k: restore_blobs(v, blobs) for k, v in request.items()}
+    if isinstance(request, list):
+        return [restore_blobs(v, blobs) for v in request]
+    return request
+
+
 def _end(status: str, message: str) -> dict[str, Any]:
     return {"type": "end", "status": status, "message": message}
 
@@ -50,8 +97,11 @@ def _end(status: str, message: str) -> dict[str, Any]:
 class ChannelEngineClient:
     """``EngineClient`` over a channel layer (channels_redis): same messages as the local one."""
 
-    def __init__(self, layer: Any, channel: str, *, lease: float, accept_timeout: float) -> None:
+    def __init__(
+        self, layer: Any, channel: str, *, lease: float, accept_timeout: float, redis_url: str | None = None
+    ) -> None:
         self._layer = layer
+        self._redis_url = redis_url  # where large byte strings go; None: requests must fit one message
         self._channel = channel
         self._lease = lease
         self._accept_timeout = accept_timeout
@@ -60,6 +110,12 @@ class ChannelEngineClient:
 
     async def stream(self, request: dict[str, Any], request_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
         rid = request_id or uuid.uuid4().hex
+        blobs: dict[str, bytes] = {}
+        if self._redis_url:
+            request, blobs = offload_blobs(request, f"{BLOB_KEY_PREFIX}{rid}:")
+        if sum(map(len, blobs.values())) > MAX_REQUEST_BYTES:
+            yield _end("invalid", "request too large for the engine channel")
+            return
         reply = await self._layer.new_channel()  # same Redis list as the consumer's own channel: one reader serves both
         submit = {
             "type": "engine.submit",
@@ -76,6 +132,8 @@ class ChannelEngineClient:
         ended = False
         try:
             try:
+                if blobs:
+                    await self._store(blobs)
                 await self._layer.send(self._channel, submit)
             except ChannelFull:
                 ended = True
@@ -121,6 +179,19 @@ class ChannelEngineClient:
                 await self.abort(rid)
             self._owners.pop(rid, None)
             self._abort_requested.discard(rid)
+
+    async def _store(self, blobs: dict[str, bytes]) -> None:
+        """Write the request's large byte strings; they expire unless a worker takes them first."""
+        import redis.asyncio as redis
+
+        client = redis.from_url(self._redis_url)  # per call: a pool is bound to one event loop
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                for key, data in blobs.items():
+                    pipe.set(key, data, px=int((self._accept_timeout + BLOB_GRACE_SECONDS) * 1000))
+                await pipe.execute()
+        finally:
+            await client.aclose()
 
     async def abort(self, request_id: str) -> None:
         if request_id not in self._owners:

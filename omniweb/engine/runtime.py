@@ -59,6 +59,7 @@ def get_engine_client() -> EngineClient:
                 settings.ENGINE_CHANNEL,
                 lease=settings.ENGINE_LEASE_SECONDS,
                 accept_timeout=settings.ENGINE_ACCEPT_TIMEOUT,
+                redis_url=settings.REDIS_URL,
             )
         else:
             _client = LocalEngineClient(get_scheduler())

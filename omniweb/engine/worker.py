@@ -27,7 +27,14 @@ from django.conf import settings
 
 from omniweb.metrics import WORKER_KEY_PREFIX, serve_worker_metrics, worker_record
 
-from .dispatch import HEARTBEAT_SECONDS, WORKER_BEAT_SECONDS, send_with_retry, split_for_layer
+from .dispatch import (
+    HEARTBEAT_SECONDS,
+    WORKER_BEAT_SECONDS,
+    blob_keys,
+    restore_blobs,
+    send_with_retry,
+    split_for_layer,
+)
 from .runtime import get_scheduler
 from .scheduler import AdmissionError
 
@@ -52,6 +59,26 @@ class EngineWorkerConsumer(AsyncConsumer):
         super().__init__(*args, **kwargs)
         self.redis: Any = None
 
+    def _redis(self) -> Any:
+        if self.redis is None:
+            import redis.asyncio as redis
+
+            self.redis = redis.from_url(settings.REDIS_URL)
+        return self.redis
+
+    async def take_blobs(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        """The request with its large byte strings back in place; None when they have expired."""
+        keys = blob_keys(request)
+        if not keys:
+            return request
+        async with self._redis().pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.getdel(key)
+            values = await pipe.execute()
+        if any(v is None for v in values):
+            return None
+        return restore_blobs(request, dict(zip(keys, values, strict=True)))
+
     async def claim(self, request_id: str) -> bool:
         """Exactly one worker runs a request.
 
@@ -59,11 +86,7 @@ class EngineWorkerConsumer(AsyncConsumer):
         backup queue is restored by whichever listener polls next), so the first worker to set
         the request's claim key in Redis wins and any other copy is dropped.
         """
-        if self.redis is None:
-            import redis.asyncio as redis
-
-            self.redis = redis.from_url(settings.REDIS_URL)
-        claimed = await self.redis.set(CLAIM_KEY_PREFIX + request_id, worker_id(), nx=True, ex=CLAIM_SECONDS)
+        claimed = await self._redis().set(CLAIM_KEY_PREFIX + request_id, worker_id(), nx=True, ex=CLAIM_SECONDS)
         return bool(claimed)
 
     async def engine_submit(self, message: dict[str, Any]) -> None:
@@ -82,7 +105,14 @@ class EngineWorkerConsumer(AsyncConsumer):
 
         scheduler = get_scheduler()
         try:
-            scheduler.submit(rid, message["request"], sink)
+            request = await self.take_blobs(message["request"])
+        except Exception:  # Redis failing under us: the client hears about it, the worker lives on
+            logger.exception("request %s: cannot read its data from Redis", rid)
+            request = None
+        try:
+            if request is None:
+                raise ValueError("request data could not be read (expired or Redis unavailable); retry")
+            scheduler.submit(rid, request, sink)
         except AdmissionError:
             queue.put_nowait({"type": "end", "status": "busy", "message": "server is at capacity; retry shortly"})
         except ValueError as exc:
