@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "omniweb",  # before channels: its runworker (resilient engine worker) replaces channels' own
     "channels",
     "speech",
+    "video",
 ]
 
 MIDDLEWARE = [
@@ -136,6 +137,11 @@ TALKER_LOOKAHEAD = env_int("TALKER_LOOKAHEAD", 2)  # sentences synthesized ahead
 VOCODER_CHUNK_FRAMES = env_int("VOCODER_CHUNK_FRAMES", 16)  # 12.5 ms frames per vocoder work unit
 VOCODER_FIRST_CHUNK_FRAMES = env_int("VOCODER_FIRST_CHUNK_FRAMES", 6)  # smaller first unit: earlier audio
 
+# Codec-token streaming (issue 4): rows (12.5 ms frames) per codec_tokens packet; a sentence's first
+# packet is smaller so it leaves as soon as its few frames are encoded.
+CODEC_PACKET_FRAMES = env_int("CODEC_PACKET_FRAMES", 16)
+CODEC_FIRST_PACKET_FRAMES = env_int("CODEC_FIRST_PACKET_FRAMES", 4)
+
 # Speech protocol limits.
 SPEECH_IDLE_TIMEOUT = env_float("SPEECH_IDLE_TIMEOUT", 30.0)
 SPEECH_CONFIG_TIMEOUT = env_float("SPEECH_CONFIG_TIMEOUT", 10.0)
@@ -143,6 +149,29 @@ SPEECH_MAX_TEXT_CHARS = env_int("SPEECH_MAX_TEXT_CHARS", 100_000)  # buffered te
 # Bytes a session may have queued in daphne for a client that does not read (daphne applies no
 # backpressure): beyond this the session ends with an error. 4 MiB is ~40 s of 24 kHz PCM.
 SESSION_SEND_BUFFER_MAX = env_int("SESSION_SEND_BUFFER_MAX", 4 * 1024 * 1024)
+
+# Video transport (/v1/video/chat/stream).
+VIDEO_IDLE_TIMEOUT = env_float("VIDEO_IDLE_TIMEOUT", 60.0)  # no client message this long (no turn active)
+VIDEO_CONFIG_TIMEOUT = env_float("VIDEO_CONFIG_TIMEOUT", 10.0)
+# Decompression-bomb guard: a frame whose header declares more pixels is refused before decoding.
+# 4096x4096 covers 4K cameras; one decode then needs at most 48 MiB.
+VIDEO_MAX_FRAME_PIXELS = env_int("VIDEO_MAX_FRAME_PIXELS", 4096 * 4096)
+# Bytes of frames one session buffers; beyond it the oldest frames go, as beyond max_frames.
+VIDEO_MAX_BUFFER_BYTES = env_int("VIDEO_MAX_BUFFER_BYTES", 256 * 1024 * 1024)
+VIDEO_HISTORY_TURNS = env_int("VIDEO_HISTORY_TURNS", 8)  # earlier question/answer pairs sent with a query
+
+# Video engine (the video.turn pipeline: thinker -> talker -> vocoder).
+VIDEO_THINKER = env_str("VIDEO_THINKER", "scene")  # "scene" (offline, OpenCV measures) or "upstream"
+# upstream: an OpenAI-compatible chat-completions server with image input, by its base URL
+# (e.g. http://127.0.0.1:8000/v1; /chat/completions is appended), model name and key.
+VIDEO_UPSTREAM_URL = env_str("VIDEO_UPSTREAM_URL", "")
+VIDEO_UPSTREAM_MODEL = env_str("VIDEO_UPSTREAM_MODEL", "")  # used when the session names no model
+VIDEO_UPSTREAM_API_KEY = env_str("VIDEO_UPSTREAM_API_KEY", "")
+VIDEO_UPSTREAM_TIMEOUT = env_float("VIDEO_UPSTREAM_TIMEOUT", 30.0)  # seconds to connect, and between two reads
+VIDEO_UPSTREAM_MAX_TOKENS = env_int("VIDEO_UPSTREAM_MAX_TOKENS", 512)  # answer length cap sent upstream (0: none)
+# Whisper tiny.en for spoken questions: CPU threads per decode, and beam size (1: greedy, fastest).
+VIDEO_ASR_THREADS = env_int("VIDEO_ASR_THREADS", 2)
+VIDEO_ASR_BEAM_SIZE = env_int("VIDEO_ASR_BEAM_SIZE", 1)
 
 LOGGING = {
     "version": 1,
@@ -161,3 +190,11 @@ SIGNED_URL_MAX_AGE = env_int("SIGNED_URL_MAX_AGE", 300)  # seconds a /v1/ws-toke
 # forwarding headers (this machine: the bench, local programs) are not limited.
 MAX_SESSIONS_PER_CLIENT = env_int("MAX_SESSIONS_PER_CLIENT", 32)
 WORKER_STALE_SECONDS = env_float("WORKER_STALE_SECONDS", 5.0)  # older heartbeat: worker down
+
+# Browser pages (issue 6): static files. ServeStatic's async middleware serves /static/ from the app
+# itself (DEBUG or not), so the README's runserver and a bare daphne serve the pages' scripts without
+# pushing every HTTP request through a sync-middleware thread hop (WhiteNoise's middleware is sync
+# only). Behind nginx, `location /static/` serves the collectstatic copy and never reaches daphne.
+INSTALLED_APPS.append("servestatic")
+MIDDLEWARE.insert(1, "servestatic.middleware.ServeStaticMiddleware")
+SERVESTATIC_USE_FINDERS = True  # straight from static/: no collectstatic step to run the app

@@ -5,6 +5,9 @@ from . import views
 
 urlpatterns = [
     path("", TemplateView.as_view(template_name="index.html"), name="index"),
+    # Browser pages (templates/, static/).
+    path("speech/", views.speech_page, name="speech-page"),
+    path("video/", views.video_page, name="video-page"),
     # Operations: liveness/readiness, Prometheus scrape, short-lived WebSocket tokens.
     path("healthz", views.healthz, name="healthz"),
     path("metrics", views.metrics_view, name="metrics"),

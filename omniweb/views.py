@@ -10,7 +10,9 @@ import asyncio
 from typing import Any
 
 from django.conf import settings
+from django.contrib.staticfiles import finders
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -69,3 +71,30 @@ async def ws_token(request: HttpRequest) -> HttpResponse:
         "query_parameter": auth.SIGNED_TOKEN_PARAM,
     }
     return _no_store(JsonResponse(body))
+
+
+# -- Browser pages (issue 6) -----------------------------------------------------------------------
+
+
+@require_GET
+def speech_page(request: HttpRequest) -> HttpResponse:
+    """The speech page offers only what this server honours: its voices, formats and modes."""
+    from speech.protocol import SAMPLE_RATE
+    from speech.tts.model import capabilities
+
+    caps = capabilities()
+    page = {
+        "voices": list(caps.voices),
+        "default_voice": caps.default_voice,
+        "formats": list(caps.response_formats),
+        "sample_rate": SAMPLE_RATE,
+        "max_text_chars": settings.SPEECH_MAX_TEXT_CHARS,
+        # The in-browser codec decoder (static/codec/) ships with the codec_tokens mode.
+        "codec_decoder": finders.find("codec/decoder.js") is not None,
+    }
+    return render(request, "speech.html", {"page": page})
+
+
+@require_GET
+def video_page(request: HttpRequest) -> HttpResponse:
+    return render(request, "video.html")

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
@@ -28,6 +29,9 @@ from omniweb.engine.runtime import get_engine_client
 from omniweb.transport import SCOPE_KEY as SEND_BUFFER_PROBE
 
 from . import protocol
+from .codec import wire
+from .codec.loops import CODEC_PIPELINE, shared_codec
+from .codec.model import CodecTableError
 from .protocol import ProtocolError, SessionConfig
 from .tts.loops import PIPELINE
 from .tts.model import capabilities
@@ -52,6 +56,10 @@ class _Sentence:
     sent_bytes: int = 0
     chunk_id: int = 0
     buffer: list[bytes] = field(default_factory=list)
+    # codec_tokens mode: packets sent (the next seq), frames sent, and whether the EOS packet went out
+    seq: int = 0
+    frames: int = 0
+    eos_sent: bool = False
 
 
 @dataclass
@@ -60,7 +68,8 @@ class _Utterance:
     request_id: str
     cancelled: bool = False
     current: _Sentence | None = None
-    sentences: int = 0  # audio.done messages sent
+    sentences: int = 0  # audio.done (codec.done) messages sent
+    codec: dict[str, Any] | None = None  # codec_tokens mode: the codec's description for codec.start
     ttfa: metrics.FirstAudioClock = field(default_factory=metrics.FirstAudioClock)  # ops: input.done → audio
 
 
@@ -180,9 +189,12 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         self.text_parts.clear()
         self.text_chars = 0
         if text:
-            problem = protocol.flush_precondition_error(self.config)
+            config = self.config
+            uses_codec = config.output_mode == "codec_tokens" or config.vocoder == "codec"
+            spec = await self._codec_spec() if uses_codec else None
+            problem = protocol.flush_precondition_error(config, codec_ready=spec is not None)
             if problem is None:
-                self.start_utterance(text, self.config)
+                self.start_utterance(text, config, spec if config.output_mode == "codec_tokens" else None)
                 return
             await self.send_json(protocol.error(problem))
         await self.send_json(protocol.session_done(self.utterance_index, 0))
@@ -198,11 +210,22 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         self.state = SessionState.CLOSED
         await self.close()
 
+    @staticmethod
+    async def _codec_spec() -> dict[str, Any] | None:
+        """The codec's description, or None when its table cannot be used (codec modes refused)."""
+        try:
+            codec = await asyncio.to_thread(shared_codec)  # first use reads and verifies the table
+        except CodecTableError:
+            logger.exception("codec table unusable: codec modes are refused")
+            return None
+        return codec.spec()
+
     # -- utterances --------------------------------------------------------------------------------
-    def start_utterance(self, text: str, config: SessionConfig) -> None:
+    def start_utterance(self, text: str, config: SessionConfig, codec: dict[str, Any] | None = None) -> None:
+        """Submit the flush; ``codec`` (the codec's spec) selects codec_tokens output."""
         self.state = SessionState.GENERATING
-        self.utterance = _Utterance(index=self.utterance_index, request_id=uuid.uuid4().hex)
-        request = {
+        self.utterance = _Utterance(index=self.utterance_index, request_id=uuid.uuid4().hex, codec=codec)
+        request: dict[str, Any] = {
             "pipeline": PIPELINE,
             "text": text,
             "voice": config.voice,
@@ -213,6 +236,11 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             "first_chunk_frames": config.initial_codec_chunk_frames,
             "max_frames": config.max_new_tokens,
         }
+        if codec is not None:
+            # As the reference's codec request: no timestamps, no vocoder chunking (nothing is vocoded).
+            request.update(pipeline=CODEC_PIPELINE, codec_output="codes", timestamps=False, first_chunk_frames=None)
+        elif config.vocoder == "codec":
+            request.update(pipeline=CODEC_PIPELINE, codec_output="pcm")
         self.generation = asyncio.ensure_future(self._run_utterance(self.utterance, request, config))
 
     async def cancel_utterance(self) -> None:
@@ -259,7 +287,9 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
 
     async def _on_chunk(self, utt: _Utterance, config: SessionConfig, chunk: dict[str, Any]) -> None:
         kind = chunk["type"]
-        if kind == "sentence.start":
+        if utt.codec is not None and kind != "end":
+            await self._on_codec_chunk(utt, utt.codec, config, chunk)
+        elif kind == "sentence.start":
             utt.current = _Sentence(index=chunk["sentence_index"], text=chunk["text"])
             await self.send_json(protocol.audio_start(config, utt.index, utt.current.index, utt.current.text))
         elif kind == "audio" and utt.current is not None:
@@ -306,6 +336,78 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         sentence.sent_bytes += len(pcm)
         utt.ttfa.audio_sent(stream=True)  # ops
 
+    async def _on_codec_chunk(
+        self, utt: _Utterance, codec: dict[str, Any], config: SessionConfig, chunk: dict[str, Any]
+    ) -> None:
+        """codec_tokens mode: codec.start, one binary packet per engine packet, codec.done."""
+        kind = chunk["type"]
+        if kind == "sentence.start":
+            utt.current = _Sentence(index=chunk["sentence_index"], text=chunk["text"])
+            await self.send_json(self._codec_start(utt, codec, config, utt.current))
+        elif kind == "codes" and utt.current is not None:
+            sentence = utt.current
+            last = bool(chunk["last"])
+            rows = np.frombuffer(chunk["codes"], dtype="<i2").reshape(-1, codec["codebooks"])
+            packet = wire.pack_codec_frame(
+                sentence.seq,
+                rows,
+                eos=last,  # the stream's last packet: the client flushes its decoder
+                segment_end=last and bool(chunk["more"]),  # a sentence boundary inside the flush
+                codebooks=codec["codebooks"],
+                codebook_size=codec["codebook_size"],
+            )
+            await self.send(bytes_data=packet)
+            sentence.seq += 1
+            sentence.frames += rows.shape[0]
+            sentence.eos_sent = last
+            utt.ttfa.audio_sent(stream=True)  # ops
+        elif kind == "sentence.end" and utt.current is not None:
+            sentence = utt.current
+            await self.send_json(protocol.codec_done(utt.index, sentence.index, sentence.frames, sentence.seq - 1))
+            utt.sentences += 1
+            utt.current = None
+
+    @staticmethod
+    def _codec_start(
+        utt: _Utterance, codec: dict[str, Any], config: SessionConfig, sentence: _Sentence
+    ) -> dict[str, Any]:
+        return wire.codec_start_message(
+            utterance_index=utt.index,
+            sentence_index=sentence.index,
+            sentence_text=sentence.text,
+            spec=codec,
+            model=config.model,
+        )
+
+    async def _end_codec_utterance(
+        self, utt: _Utterance, codec: dict[str, Any], config: SessionConfig, *, failed: bool, cancelled: bool
+    ) -> None:
+        """As ``_end_utterance`` for codec streams: a stream that did not fail ends with an EOS
+        packet (an empty one when its last packet had not gone out), then codec.done."""
+        sentence = utt.current
+        if sentence is None:
+            sentence = _Sentence(index=utt.sentences, text="")
+            await self.send_json(self._codec_start(utt, codec, config, sentence))
+        if failed:
+            await self.send_json(
+                protocol.error(
+                    f"Codec stream failed for utterance {utt.index}, sentence {sentence.index}",
+                    partial_audio=sentence.frames > 0,
+                )
+            )
+        elif not sentence.eos_sent:
+            terminal = wire.pack_codec_frame(sentence.seq, None, eos=True, codebooks=codec["codebooks"])
+            await self.send(bytes_data=terminal)
+            sentence.seq += 1
+        await self.send_json(
+            protocol.codec_done(
+                utt.index, sentence.index, sentence.frames, sentence.seq - 1, error=failed, cancelled=cancelled
+            )
+        )
+        utt.sentences += 1
+        utt.current = None
+        await self.send_json(protocol.session_done(utt.index, utt.sentences))
+
     async def _end_utterance(
         self, utt: _Utterance, config: SessionConfig, *, failed: bool = False, cancelled: bool = False
     ) -> None:
@@ -314,6 +416,9 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         Between sentences an empty sentence is opened and closed, so the client always gets its
         ``audio.done`` with ``error``/``cancelled`` and every ``audio.done`` has its ``audio.start``.
         """
+        if utt.codec is not None:
+            await self._end_codec_utterance(utt, utt.codec, config, failed=failed, cancelled=cancelled)
+            return
         sentence = utt.current
         if sentence is None:
             sentence = _Sentence(index=utt.sentences, text="")

@@ -49,11 +49,19 @@ class SessionConfig(BaseModel):
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     output_mode: Literal["pcm", "codec_tokens"] = "pcm"
     split_granularity: Literal["sentence", "clause", "none"] = "sentence"
+    # omniweb extension: "codec" makes the audio by decoding the codec_tokens stream on the server,
+    # so it is sample for sample what a client decoding that stream plays.
+    vocoder: Literal["hibari", "codec"] = "hibari"
 
     @model_validator(mode="after")
     def _check_combinations(self) -> SessionConfig:
         if self.speaker_embedding is not None and self.ref_audio is not None:
             raise ValueError("'speaker_embedding' and 'ref_audio' are mutually exclusive")
+        if self.vocoder == "codec" and self.output_mode == "codec_tokens":
+            raise ValueError(
+                "vocoder='codec' makes audio on the server; with output_mode='codec_tokens' the client decodes "
+                "the codes itself, so omit vocoder"
+            )
         if self.stream_audio:
             if self.response_format != "pcm":
                 raise ValueError(
@@ -165,10 +173,20 @@ def check_capabilities(config: SessionConfig, caps: Capabilities) -> None:
         )
 
 
-def flush_precondition_error(config: SessionConfig) -> str | None:
-    """Errors the reference handler reports when an utterance is flushed, not at config time."""
+CODEC_UNSUPPORTED = "output_mode='codec_tokens' is not supported by the loaded TTS model."
+
+
+def flush_precondition_error(config: SessionConfig, codec_ready: bool) -> str | None:
+    """Errors the reference handler reports when an utterance is flushed, not at config time.
+
+    ``codec_ready``: the codec (speech/codec) loaded. As in the reference, codec_tokens mode is
+    decided first: it streams codes whatever ``response_format``, ``stream_audio`` and
+    ``word_timestamps`` say (none of them applies to codes).
+    """
     if config.output_mode == "codec_tokens":
-        return "output_mode='codec_tokens' is not supported by the loaded TTS model."
+        return None if codec_ready else CODEC_UNSUPPORTED
+    if config.vocoder == "codec" and not codec_ready:
+        return "vocoder='codec' is not available: the codec could not be loaded."
     if config.word_timestamps and not (config.stream_audio and config.response_format == "pcm"):
         return (
             "word_timestamps=true requires stream_audio=true and response_format='pcm' "
@@ -239,6 +257,27 @@ def audio_done(
     if cancelled:
         payload["cancelled"] = True
     return payload
+
+
+def codec_done(
+    utterance: int,
+    sentence: int,
+    total_frames: int,
+    seq_last: int,
+    *,
+    error: bool = False,
+    cancelled: bool = False,
+) -> dict[str, Any]:
+    """End of one sentence's codec stream (``seq_last`` is -1 when no packet was sent)."""
+    return {
+        "type": "codec.done",
+        "utterance_index": utterance,
+        "sentence_index": sentence,
+        "total_frames": total_frames,
+        "seq_last": seq_last,
+        "error": error,
+        "cancelled": cancelled,
+    }
 
 
 def session_done(utterance: int, total_sentences: int) -> dict[str, Any]:

@@ -36,6 +36,7 @@ class CountLoop:
     def __init__(self) -> None:
         self.batch_sizes: list[int] = []
         self.lock = threading.Lock()
+        self.released: list[int] = []  # steps done by each request released without finalize
 
     def init(self, request: dict[str, Any], slots: dict[str, Any]) -> CountState:
         return CountState(request["steps"], request.get("delay", 0.0), request.get("fail_at"))
@@ -72,6 +73,9 @@ class CountLoop:
 
     def finalize(self, state: CountState) -> dict[str, Any]:
         return {"steps": state.done}
+
+    def release(self, state: CountState) -> None:
+        self.released.append(state.done)
 
 
 class CountPipeline:
@@ -174,7 +178,7 @@ def test_max_batch_caps_batches(make_scheduler):
 
 
 def test_abort_stops_between_steps_and_frees_the_engine(make_scheduler):
-    sched, _ = make_scheduler(workers=2)
+    sched, pipeline = make_scheduler(workers=2)
     sink = Collector()
     sched.submit("long", {"pipeline": "count", "steps": 1000, "delay": 0.01}, sink)
     while len(sink.chunks) < 3:
@@ -188,6 +192,7 @@ def test_abort_stops_between_steps_and_frees_the_engine(make_scheduler):
     assert sched.stats().steps_total == steps  # nothing keeps running for the cancelled request
     assert len(sink.chunks) < 20
     assert sched.abort("long") is False
+    assert len(pipeline.loops[0].released) == 1  # its loops could free what they hold, once
 
 
 def test_abort_of_a_queued_request(make_scheduler):
@@ -218,7 +223,7 @@ def test_admission_control_refuses_at_once_when_full(make_scheduler):
 
 
 def test_a_failing_step_ends_only_its_request(make_scheduler, caplog):
-    sched, _ = make_scheduler(workers=1, max_batch=1)
+    sched, pipeline = make_scheduler(workers=1, max_batch=1)
     bad, good = Collector(), Collector()
     sched.submit("bad", {"pipeline": "count", "steps": 5, "fail_at": 2}, bad)
     sched.submit("good", {"pipeline": "count", "steps": 5}, good)
@@ -227,6 +232,7 @@ def test_a_failing_step_ends_only_its_request(make_scheduler, caplog):
     assert "secret internal detail" not in repr(bad.chunks)  # logged, never sent
     assert "secret internal detail" in caplog.text
     assert good.chunks[-1]["status"] == "ok"
+    assert pipeline.loops[0].released == [2]  # the failed request is released; the good one finalized
     # The worker survived: a new request still runs.
     again = Collector()
     sched.submit("again", {"pipeline": "count", "steps": 2}, again)

@@ -20,7 +20,6 @@ WORD_TIMESTAMPS_ERROR = (
     "word_timestamps=true requires stream_audio=true and response_format='pcm' "
     "(timestamps ride the per-sentence PCM audio.chunk stream)."
 )
-CODEC_ERROR = "output_mode='codec_tokens' is not supported by the loaded TTS model."
 
 
 def samples(pcm: bytes) -> np.ndarray:
@@ -330,28 +329,6 @@ async def test_word_timestamps_need_stream_audio(connect, fields):
     assert t.errors == [WORD_TIMESTAMPS_ERROR]
     assert t.types == ["error", "session.done"]
     assert t.json[-1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 0}
-
-
-async def test_codec_tokens_rejected_at_flush(connect):
-    comm = await session(connect, output_mode="codec_tokens")
-    await expect_silence(comm, 0.05)
-    t = await speak(comm, FOX)
-    assert t.errors == [CODEC_ERROR]
-    assert t.types == ["error", "session.done"]
-    assert t.json[-1]["total_sentences"] == 0
-    # A blank flush has nothing to refuse.
-    blank = await speak(comm, [])
-    assert blank.types == ["session.done"] and blank.json[0]["utterance_index"] == 1
-    # The session carries on once the output mode is changed back.
-    await comm.send_json_to({"type": "session.config", "output_mode": "pcm"})
-    again = await speak(comm, FOX)
-    assert len(assert_well_formed(again, utterance=2)) == 1
-
-
-async def test_codec_tokens_error_wins_over_timestamps_error(connect):
-    comm = await session(connect, output_mode="codec_tokens", word_timestamps=True)
-    t = await speak(comm, FOX)
-    assert t.errors == [CODEC_ERROR]
 
 
 async def test_word_timestamps_across_model_segments(connect):

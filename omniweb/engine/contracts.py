@@ -101,6 +101,17 @@ class Loop(Protocol, Generic[StateT]):
     def finalize(self, state: StateT) -> dict[str, Any]: ...
 
 
+class Releasing(Protocol[StateT]):
+    """Optional on a loop: ``release(state)`` frees what a state holds outside the process (an HTTP
+    stream) when its request ends without ``finalize`` (aborted, failed, engine stopped).
+
+    Called once, without the scheduler's lock, possibly while a step of the request is still
+    running on another thread, so it must be thread-safe and quick.
+    """
+
+    def release(self, state: StateT) -> None: ...
+
+
 class Pipeline(Protocol):
     """The loops that serve one kind of request (e.g. talker → vocoder), in cascade order."""
 

@@ -146,6 +146,7 @@ class Scheduler:
             self._queued.clear()
             self._cond.notify_all()
         for job in jobs:
+            self._release(job)
             self._emit(job, {"type": "end", "status": "error", "message": "engine stopped"})
         for t in self._threads:
             t.join(timeout=5)
@@ -187,6 +188,7 @@ class Scheduler:
             job.finished = True
             self._promote()
             self._cond.notify_all()
+        self._release(job)
         self._emit(job, {"type": "end", "status": "cancelled"})
         return True
 
@@ -293,7 +295,20 @@ class Scheduler:
         job.finished = True
         self._active.pop(job.request_id, None)
         self._promote()
+        self._release(job)
         self._emit(job, {"type": "end", "status": "error", "message": "generation failed"})
+
+    @staticmethod
+    def _release(job: _Job) -> None:
+        """Let loops free outside resources of a request that ends without finalize."""
+        for entry in job.entries:
+            release = getattr(entry.loop, "release", None)
+            if release is None:
+                continue
+            try:
+                release(entry.state)
+            except Exception:
+                logger.exception("release failed for request %s in %s", job.request_id, entry.loop.name)
 
     @staticmethod
     def _emit(job: _Job, chunk: dict[str, Any]) -> None:

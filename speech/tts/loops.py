@@ -4,6 +4,11 @@ The talker turns one sentence per step into acoustic frames and hands them to th
 the request's slots, staying at most ``lookahead`` sentences ahead (bounded memory). The vocoder
 turns frames into PCM a few frames per step, so sentence *i* streams while the talker works on
 sentence *i+1*, and time to first audio does not grow with the length of the flush.
+
+In incremental mode (``TalkerLoop(..., incremental=True)``) the talker's text does not come with the
+request: an upstream loop of the same request (e.g. a thinker writing an answer) appends complete
+sentences to the ``TEXT_IN`` slot as it produces them and sets ``TEXT_IN_DONE`` when it has no more,
+so each sentence is spoken while the next is still being written.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from .vocoder import SAMPLE_RATE, SpectralBackend, VocoderStream, run_chunks_bat
 PIPELINE = "speech.tts"
 SENTENCES = "sentences"  # slot: deque[SentenceFrames], talker → vocoder
 TALKER_DONE = "talker_done"
+TEXT_IN = "talker_text"  # slot: list[str], upstream loop → talker (incremental mode)
+TEXT_IN_DONE = "talker_text_done"  # slot: bool, the upstream loop has appended its last sentence
 TALKER_LEAD_SECONDS = 1.0  # synthesize the next sentence this long before the listener needs it
 FRAME_SECONDS = 0.0125
 
@@ -66,14 +73,20 @@ class TalkerState:
 class TalkerLoop:
     name = "talker"
 
-    def __init__(self, talker: HibariTalker, lookahead: int) -> None:
+    def __init__(self, talker: HibariTalker, lookahead: int, *, incremental: bool = False) -> None:
         self._talker = talker
         self._lookahead = max(1, lookahead)
+        self._incremental = incremental
 
     def init(self, request: dict[str, Any], slots: dict[str, Any]) -> TalkerState:
         slots[SENTENCES] = deque()
-        sentences = split_text(request["text"], request.get("split", "sentence"))
-        slots[TALKER_DONE] = not sentences
+        if self._incremental:  # the list is shared: the upstream loop appends, the talker reads
+            sentences = slots.setdefault(TEXT_IN, [])
+            slots.setdefault(TEXT_IN_DONE, False)
+            slots[TALKER_DONE] = False
+        else:
+            sentences = split_text(request["text"], request.get("split", "sentence"))
+            slots[TALKER_DONE] = not sentences
         return TalkerState(
             sentences=sentences,
             voice=request.get("voice") or self._talker.caps.default_voice,
@@ -84,8 +97,14 @@ class TalkerLoop:
             slots=slots,
         )
 
+    def _input_done(self, state: TalkerState) -> bool:
+        return not self._incremental or bool(state.slots[TEXT_IN_DONE])
+
     def next(self, state: TalkerState) -> WorkPlan | Done | Waiting:
         if state.next_index >= len(state.sentences):
+            if not self._input_done(state):
+                return WAITING  # the upstream loop is still writing
+            state.slots[TALKER_DONE] = True  # input ended after our last step: release the vocoder
             return DONE
         if len(state.slots[SENTENCES]) >= self._lookahead:
             return WAITING
@@ -114,7 +133,7 @@ class TalkerLoop:
             state.slots[SENTENCES].append(sentence)
             state.spoken += 1
             state.synthesized_seconds += FRAME_SECONDS * sum(s.n_frames for s in sentence.segments)
-        if state.next_index >= len(state.sentences):
+        if state.next_index >= len(state.sentences) and self._input_done(state):
             state.slots[TALKER_DONE] = True
 
     def finalize(self, state: TalkerState) -> dict[str, Any]:

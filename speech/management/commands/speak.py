@@ -1,7 +1,9 @@
 """``manage.py speak``: a protocol client for a running omniweb server.
 
 Streams the text, writes the audio it gets back (WAV or raw PCM) and can print word timestamps.
-It talks to the server over a real WebSocket, so it is also a quick end-to-end check.
+It talks to the server over a real WebSocket, so it is also a quick end-to-end check. With
+``--codec`` it asks for codec tokens (``output_mode: "codec_tokens"``) and decodes them here with
+the same codec module the server uses.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 import wave
 from typing import Any
 
+import numpy as np
 from django.core.management.base import BaseCommand, CommandError
 
 from speech.protocol import SAMPLE_RATE
@@ -30,10 +33,15 @@ class Command(BaseCommand):
         parser.add_argument("--voice", default=None)
         parser.add_argument("--seed", type=int, default=None)
         parser.add_argument("--speed", type=float, default=1.0, help="0.25-4.0 (not streamed when != 1)")
+        parser.add_argument(
+            "--codec", action="store_true", help="receive codec tokens and decode them locally (about 20x fewer bytes)"
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        if opts["codec"] and opts["timestamps"]:
+            raise CommandError("--timestamps is not available with --codec (timestamps ride the PCM stream)")
         try:
-            pcm = asyncio.run(self._speak(opts))
+            pcm = asyncio.run(self._speak_codec(opts) if opts["codec"] else self._speak(opts))
         except OSError as exc:
             raise CommandError(f"cannot reach {opts['url']}: {exc}") from exc
         if opts["format"] == "wav":
@@ -91,4 +99,70 @@ class Command(BaseCommand):
             await ws.send(json.dumps({"type": "session.close"}))
         if first is not None:
             self.stdout.write(f"time to first audio: {first * 1000:.0f} ms")
+        return bytes(audio)
+
+    async def _speak_codec(self, opts: dict[str, Any]) -> bytes:
+        """codec.start → packets → codec.done per sentence; one local decoder per sentence."""
+        import websockets
+
+        from speech.codec.model import load_codec
+        from speech.codec.wire import CodecStreamReader
+        from speech.tts.loops import to_pcm16
+
+        codec = await asyncio.to_thread(load_codec)
+        config: dict[str, Any] = {"type": "session.config", "output_mode": "codec_tokens"}
+        for key in ("voice", "seed", "speed"):
+            if opts[key] is not None:
+                config[key] = opts[key]
+        url = opts["url"].rstrip("/") + "/v1/audio/speech/stream"
+        audio = bytearray()
+        wire_bytes = 0
+        reader: CodecStreamReader | None = None
+        decoder = None
+        async with websockets.connect(url, max_size=None) as ws:
+            await ws.send(json.dumps(config))
+            await ws.send(json.dumps({"type": "input.text", "text": opts["text"]}))
+            started = time.perf_counter()
+            await ws.send(json.dumps({"type": "input.done"}))
+            first: float | None = None
+            while True:
+                raw = await ws.recv()
+                if isinstance(raw, bytes):
+                    if reader is None or decoder is None:
+                        raise CommandError("server sent a codec packet outside codec.start … codec.done")
+                    first = first or time.perf_counter() - started
+                    wire_bytes += len(raw)
+                    try:
+                        packet = reader.feed(raw)
+                        samples = decoder.push(packet.codes)
+                        if packet.eos:
+                            samples = np.concatenate([samples, decoder.flush()])
+                    except ValueError as exc:
+                        raise CommandError(f"bad codec stream: {exc}") from exc
+                    audio += to_pcm16(samples)
+                    continue
+                msg = json.loads(raw)
+                kind = msg["type"]
+                if kind == "error":
+                    raise CommandError(f"server error: {msg['message']}")
+                if kind == "codec.start":
+                    if msg.get("decoder_id") != codec.decoder_id:
+                        raise CommandError(
+                            f"server streams codec {msg.get('decoder_id')!r}; this client decodes {codec.decoder_id!r}"
+                        )
+                    reader, decoder = CodecStreamReader.for_start(msg), codec.decoder()
+                    self.stdout.write(f"sentence {msg['sentence_index']}: {msg['sentence_text']}")
+                elif kind == "codec.done":
+                    if reader is None or msg["total_frames"] != reader.total_frames or not reader.eos:
+                        raise CommandError(f"codec stream incomplete: {msg}")
+                    reader = decoder = None
+                elif kind == "session.done":
+                    break
+            await ws.send(json.dumps({"type": "session.close"}))
+        seconds = len(audio) / 2 / SAMPLE_RATE
+        if first is not None:
+            self.stdout.write(f"time to first packet: {first * 1000:.0f} ms")
+        if seconds:
+            kbps = wire_bytes * 8 / seconds / 1000
+            self.stdout.write(f"codec packets: {wire_bytes} bytes for {seconds:.2f} s of audio ({kbps:.1f} kbit/s)")
         return bytes(audio)

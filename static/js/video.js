@@ -1,0 +1,482 @@
+// The video page: camera frames and push-to-talk audio up, streamed answer text and speech down,
+// over /v1/video/chat/stream.
+import {
+  Connection,
+  base64ToBytes,
+  bytesToBase64,
+  clearError,
+  describeServerError,
+  formatMs,
+  int16ToFloat32,
+  nowMs,
+  parseWav,
+  showConnection,
+  showError,
+} from "./common.js";
+import { PcmPlayer } from "./player.js";
+
+const ANSWER_RATE = 24000;
+const MAX_BUFFERED_BYTES = 2 * 1024 * 1024; // skip a frame rather than queue behind a slow link
+const PING_EVERY_MS = 15000;
+const MIC_WORKLET_URL = new URL("../worklets/mic-capture.js", import.meta.url);
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  preview: $("preview"),
+  badge: $("camera-badge"),
+  start: $("start"),
+  stop: $("stop"),
+  fps: $("fps"),
+  quality: $("quality"),
+  qualityOut: $("quality-out"),
+  width: $("width"),
+  sent: $("sent"),
+  accepted: $("accepted"),
+  filtered: $("filtered"),
+  dropped: $("dropped"),
+  talk: $("talk"),
+  level: $("level"),
+  askForm: $("ask-form"),
+  question: $("question"),
+  speakAnswer: $("speak-answer"),
+  heard: $("heard"),
+  answer: $("answer"),
+  state: $("state"),
+  earlier: $("earlier"),
+  ackLatency: $("ack-latency"),
+  firstText: $("first-text"),
+  firstAudio: $("first-audio"),
+  rtt: $("rtt"),
+  played: $("played"),
+  audioState: $("audio-state"),
+  conn: $("conn"),
+  error: $("error"),
+};
+
+const counts = { sent: 0, accepted: 0, filtered: 0, dropped: 0 };
+let stream = null; // camera + microphone
+let player = null;
+let mic = null; // { context, node, source }
+let frameTimer = null;
+let pingTimer = null;
+let frameSeq = 0;
+let captureStart = 0;
+let capturing = false; // a frame is being encoded
+let talking = false;
+let talkStartedAt = 0;
+let question = null; // the question whose answer is on screen (or awaited)
+let awaitingStart = false; // a new question was sent: drop the old answer's late messages
+let turn = 0;
+let lastPingAt = 0;
+const ackLatencies = [];
+
+const connection = new Connection("/v1/video/chat/stream", {
+  onOpen() {
+    connection.send({
+      type: "session.config",
+      modalities: ui.speakAnswer.checked ? ["text", "audio"] : ["text"],
+    });
+    ping();
+  },
+  onMessage,
+  onStatus: (state, text) => showConnection(ui.conn, state, text),
+  onDrop({ opened }) {
+    if (opened && question && !question.done) {
+      endAnswer("The connection dropped during the answer; ask again once it is back.");
+    }
+  },
+});
+
+// -- camera and microphone --------------------------------------------------------------------------
+
+async function start() {
+  clearError(ui.error);
+  ui.start.disabled = true;
+  try {
+    player ??= await PcmPlayer.create({ sourceRate: ANSWER_RATE, onStats: onPlayerStats });
+    await player.resume();
+    stream = await navigator.mediaDevices.getUserMedia({
+      video: { width: { ideal: 640 }, height: { ideal: 480 } },
+      audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true },
+    });
+  } catch (err) {
+    ui.start.disabled = false;
+    showError(ui.error, mediaErrorText(err));
+    return;
+  }
+  ui.preview.srcObject = stream;
+  ui.badge.textContent = "Live";
+  ui.stop.disabled = false;
+  await startMicrophone();
+  captureStart = performance.now();
+  scheduleFrames();
+  connection.open().catch((err) => showError(ui.error, err.message));
+  clearInterval(pingTimer);
+  pingTimer = setInterval(ping, PING_EVERY_MS);
+}
+
+function mediaErrorText(err) {
+  if (!navigator.mediaDevices) {
+    return "This page needs a secure address (https://, or http://localhost) to use the camera and microphone.";
+  }
+  if (err.name === "NotAllowedError") return "The browser was not allowed to use the camera or microphone.";
+  if (err.name === "NotFoundError") return "No camera or microphone was found.";
+  return `Could not start the camera or microphone: ${err.message}`;
+}
+
+async function startMicrophone() {
+  const tracks = stream.getAudioTracks();
+  if (!tracks.length) {
+    ui.talk.disabled = true;
+    return;
+  }
+  const context = new AudioContext({ latencyHint: "interactive" });
+  await context.audioWorklet.addModule(MIC_WORKLET_URL);
+  const source = context.createMediaStreamSource(new MediaStream(tracks));
+  const node = new AudioWorkletNode(context, "mic-capture", { numberOfInputs: 1, numberOfOutputs: 0 });
+  node.port.onmessage = (event) => onMicChunk(event.data);
+  source.connect(node);
+  mic = { context, node, source };
+  ui.talk.disabled = false;
+}
+
+function stop() {
+  clearTimeout(frameTimer);
+  clearInterval(pingTimer);
+  frameTimer = null;
+  stopTalking(false);
+  stream?.getTracks().forEach((t) => t.stop());
+  stream = null;
+  mic?.context.close();
+  mic = null;
+  ui.preview.srcObject = null;
+  ui.badge.textContent = "Camera off";
+  ui.start.disabled = false;
+  ui.stop.disabled = true;
+  ui.talk.disabled = true;
+  player?.stop();
+  connection.close(connection.isOpen ? { type: "video.done" } : null);
+}
+
+// -- frames -----------------------------------------------------------------------------------------
+
+function scheduleFrames() {
+  clearTimeout(frameTimer);
+  frameTimer = setTimeout(() => {
+    captureFrame();
+    if (stream) scheduleFrames();
+  }, 1000 / Number(ui.fps.value));
+}
+
+const canvas = document.createElement("canvas");
+
+let lastReopen = 0;
+
+async function captureFrame() {
+  const video = ui.preview;
+  if (!connection.isOpen && !connection.opening && !connection.retryTimer && nowMs() - lastReopen > 5000) {
+    // The server ended the session (idle, or after an error): the camera is on, so start a new one.
+    lastReopen = nowMs();
+    connection.open().catch((err) => showError(ui.error, err.message));
+  }
+  if (capturing || !connection.isOpen || !video.videoWidth) return;
+  if (connection.bufferedAmount > MAX_BUFFERED_BYTES) return; // the link is behind; send the next one
+  capturing = true;
+  try {
+    const width = Math.min(Number(ui.width.value), video.videoWidth);
+    canvas.width = width;
+    canvas.height = Math.round((video.videoHeight * width) / video.videoWidth);
+    const capturedAt = nowMs();
+    const pts = Math.round(performance.now() - captureStart);
+    canvas.getContext("2d").drawImage(video, 0, 0, canvas.width, canvas.height);
+    const blob = await new Promise((resolve) => canvas.toBlob(resolve, "image/jpeg", Number(ui.quality.value)));
+    if (!blob || !connection.isOpen) return;
+    const data = bytesToBase64(new Uint8Array(await blob.arrayBuffer()));
+    frameSeq += 1;
+    connection.send({
+      type: "video.frame",
+      data,
+      frame_id: `f${frameSeq}`,
+      pts_ms: pts,
+      capture_ts_ms: Math.round(capturedAt),
+    });
+    bump("sent");
+  } finally {
+    capturing = false;
+  }
+}
+
+function bump(name) {
+  counts[name] += 1;
+  ui[name].textContent = String(counts[name]);
+  ui[name].dataset.value = String(counts[name]);
+}
+
+function onAck(ack) {
+  if (ack.accepted) bump("accepted");
+  else if (ack.reason === "filtered") bump("filtered");
+  if (ack.dropped_frame_id) bump("dropped");
+  if (typeof ack.capture_ts_ms === "number") {
+    ackLatencies.push(nowMs() - ack.capture_ts_ms);
+    if (ackLatencies.length > 20) ackLatencies.shift();
+    const mean = ackLatencies.reduce((a, b) => a + b, 0) / ackLatencies.length;
+    ui.ackLatency.textContent = `${formatMs(ackLatencies.at(-1))} (mean of last ${ackLatencies.length}: ${formatMs(mean)})`;
+    ui.ackLatency.dataset.ms = ackLatencies.at(-1).toFixed(1);
+  }
+}
+
+// -- push to talk -----------------------------------------------------------------------------------
+
+function startTalking() {
+  if (talking || !mic || ui.talk.disabled) return;
+  interruptAnswer(); // the person is speaking: stop the current answer now
+  talking = true;
+  talkStartedAt = nowMs();
+  ui.talk.setAttribute("aria-pressed", "true");
+  ui.talk.textContent = "Listening… release to send";
+  mic.context.resume();
+  connection.open().catch((err) => showError(ui.error, err.message));
+}
+
+function stopTalking(send = true) {
+  if (!talking) return;
+  talking = false;
+  ui.talk.setAttribute("aria-pressed", "false");
+  ui.talk.textContent = "Hold to talk";
+  ui.level.style.width = "0";
+  if (send && mic) {
+    pendingVoiceQuestion = nowMs() - talkStartedAt;
+    mic.node.port.postMessage("flush"); // the rest of the audio, then the question (onMicChunk)
+  }
+}
+
+let pendingVoiceQuestion = null; // ms spoken, set between release and the last chunk
+
+function onMicChunk({ samples, rms, final }) {
+  if (talking || final) {
+    ui.level.style.width = talking ? `${Math.min(100, Math.round(rms * 400))}%` : "0";
+    if (samples.length && connection.isOpen && (talking || pendingVoiceQuestion !== null)) {
+      connection.send({ type: "audio.chunk", data: bytesToBase64(new Uint8Array(samples.buffer)) });
+    }
+  }
+  if (final && pendingVoiceQuestion !== null) {
+    const spokenMs = pendingVoiceQuestion;
+    pendingVoiceQuestion = null;
+    if (spokenMs < 250) {
+      showError(ui.error, "That was too short to hear a question: hold the button while you speak.");
+      return;
+    }
+    ask("", `(spoken, ${(spokenMs / 1000).toFixed(1)} s)`);
+  }
+}
+
+// -- questions and answers --------------------------------------------------------------------------
+
+async function ask(text, label) {
+  clearError(ui.error);
+  try {
+    await connection.open();
+  } catch (err) {
+    showError(ui.error, err.message);
+    return;
+  }
+  interruptAnswer();
+  connection.send({ type: "video.query", text });
+  question = { label, sentAt: nowMs(), firstText: null, firstAudio: null, done: false, text: "" };
+  awaitingStart = true;
+  ui.heard.hidden = false;
+  ui.heard.textContent = `You asked: ${text || label}`;
+  ui.answer.textContent = "";
+  ui.answer.dataset.state = "waiting";
+  ui.firstText.textContent = "–";
+  ui.firstAudio.textContent = "–";
+  setState("answering", "Waiting for the answer…");
+}
+
+/** A new question (or the person starting to talk) stops the current answer and its audio at once. */
+function interruptAnswer() {
+  player?.stop();
+  if (question && !question.done) {
+    question.done = true;
+    archive(question, "interrupted");
+    ui.answer.dataset.state = "interrupted";
+    setState("idle", "Interrupted.");
+  }
+  awaitingStart = true;
+}
+
+function archive(q, how) {
+  const item = document.createElement("li");
+  item.dataset.how = how;
+  const said = q.text || "(no text)";
+  item.textContent = `${q.label ? q.label + ": " : ""}${said}${how === "interrupted" ? " (interrupted)" : ""}`;
+  ui.earlier.prepend(item);
+}
+
+function endAnswer(text) {
+  if (!question || question.done) return;
+  question.done = true;
+  archive(question, "interrupted");
+  setState("error", text);
+}
+
+function onMessage(msg) {
+  switch (msg.type) {
+    case "video.frame.ack":
+      onAck(msg);
+      break;
+    case "video.frames.consumed":
+      break;
+    case "input.transcript":
+      if (question && !question.done) {
+        question.label = `“${msg.text}”`;
+        ui.heard.textContent = `You asked: “${msg.text}”`;
+      }
+      break;
+    case "response.start":
+      if (!question || question.done) break;
+      awaitingStart = false;
+      turn += 1;
+      ui.answer.dataset.turn = String(turn);
+      ui.answer.dataset.state = "answering";
+      setState("answering", "Answering…");
+      break;
+    case "response.text.delta":
+      if (awaitingStart || !question || question.done) break;
+      if (question.firstText === null) {
+        question.firstText = nowMs();
+        showMs(ui.firstText, question.firstText - question.sentAt);
+      }
+      question.text += msg.delta;
+      ui.answer.textContent = question.text;
+      break;
+    case "response.text.done":
+      if (awaitingStart || !question || question.done) break;
+      question.text = msg.text;
+      ui.answer.textContent = msg.text;
+      ui.answer.dataset.state = "done";
+      // Every audio delta comes before text.done: with none, the answer is complete; otherwise it
+      // is once the player has played it out (onPlayerStats).
+      if (!question.audioStarted) completeAnswer();
+      break;
+    case "response.audio.delta":
+      if (awaitingStart || !question || question.done) break;
+      onAnswerAudio(msg);
+      break;
+    case "response.audio.done":
+      if (awaitingStart || !question) break;
+      player?.end();
+      break;
+    case "pong":
+      if (lastPingAt) showMs(ui.rtt, nowMs() - lastPingAt);
+      break;
+    case "session.done":
+      break;
+    case "error":
+      if (/^Idle timeout/.test(msg.message)) break; // a quiet session ended; the next question reopens it
+      showError(ui.error, describeServerError(msg));
+      if (question && !question.done && !/^(Frame|Invalid image)/.test(msg.message)) {
+        question.failed = true;
+        if (awaitingStart) completeAnswer(); // refused before it started: nothing else follows
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+function onAnswerAudio(msg) {
+  let wav;
+  try {
+    wav = parseWav(base64ToBytes(msg.data));
+  } catch (err) {
+    showError(ui.error, `Could not play the answer's audio: ${err.message}`);
+    return;
+  }
+  if (question.firstAudio === null) {
+    question.firstAudio = nowMs();
+    showMs(ui.firstAudio, question.firstAudio - question.sentAt);
+  }
+  question.audioStarted = true;
+  setState("answering", "Speaking the answer…");
+  player.push(int16ToFloat32(wav.samples), wav.rate);
+}
+
+function onPlayerStats(stats) {
+  ui.played.textContent = stats.played.toLocaleString("en");
+  ui.played.dataset.value = String(stats.played);
+  const audio = stats.playing ? "playing" : stats.reason === "stopped" || stats.reason === "stop" ? "stopped" : "idle";
+  if (ui.audioState.dataset.state !== audio) {
+    ui.audioState.dataset.state = audio;
+    ui.audioState.textContent = audio;
+  }
+  if (stats.reason === "drained" && question && !question.done && question.audioStarted) completeAnswer();
+}
+
+function completeAnswer() {
+  question.done = true;
+  archive(question, question.failed ? "failed" : "answered");
+  if (question.failed) setState("error", "The answer failed; the message above says why.");
+  else setState("done", "Answered.");
+}
+
+function ping() {
+  if (!connection.isOpen) return;
+  lastPingAt = nowMs();
+  connection.send({ type: "ping" });
+}
+
+function showMs(el, ms) {
+  el.textContent = formatMs(ms);
+  el.dataset.ms = ms.toFixed(1);
+}
+
+function setState(state, text) {
+  ui.state.dataset.state = state;
+  ui.state.textContent = text;
+}
+
+// -- wiring -----------------------------------------------------------------------------------------
+
+ui.start.addEventListener("click", start);
+ui.stop.addEventListener("click", stop);
+ui.fps.addEventListener("change", () => stream && scheduleFrames());
+ui.quality.addEventListener("input", () => {
+  ui.qualityOut.textContent = Number(ui.quality.value).toFixed(2);
+});
+ui.askForm.addEventListener("submit", (event) => {
+  event.preventDefault();
+  const text = ui.question.value.trim();
+  if (!text) {
+    showError(ui.error, "Type a question first, or hold Talk and ask it aloud.");
+    ui.question.focus();
+    return;
+  }
+  ui.question.value = "";
+  ask(text, "");
+});
+ui.speakAnswer.addEventListener("change", () => {
+  if (!connection.isOpen) return; // applies at the next connection
+  connection.close();
+  connection.open().catch((err) => showError(ui.error, err.message)); // the new modalities need a new session
+});
+ui.talk.addEventListener("pointerdown", (event) => {
+  ui.talk.setPointerCapture(event.pointerId);
+  startTalking();
+});
+ui.talk.addEventListener("pointerup", () => stopTalking());
+ui.talk.addEventListener("pointercancel", () => stopTalking());
+ui.talk.addEventListener("keydown", (event) => {
+  if ((event.key === " " || event.key === "Enter") && !event.repeat) {
+    event.preventDefault();
+    startTalking();
+  }
+});
+ui.talk.addEventListener("keyup", (event) => {
+  if (event.key === " " || event.key === "Enter") {
+    event.preventDefault();
+    stopTalking();
+  }
+});
+ui.talk.addEventListener("blur", () => stopTalking());
+window.addEventListener("pagehide", () => connection.close(connection.isOpen ? { type: "video.done" } : null));

@@ -1,0 +1,468 @@
+"""The pages in a real browser: Debian's Chromium driven by Playwright against a live daphne.
+
+The browser gets a synthetic camera and microphone (``--use-fake-device-for-media-stream``) and may
+start audio without a click. The server paces audio 2 s ahead of playback, as a deployment does
+(30 s there), so cancelling and interrupting happen while the server is still streaming. Every
+run leaves a screenshot of each page in artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+SCREENSHOTS = ROOT / "artifacts" / "screenshots"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--use-fake-device-for-media-stream",
+    "--use-fake-ui-for-media-stream",
+    "--autoplay-policy=no-user-gesture-required",
+    "--disable-background-networking",
+    "--disable-component-update",
+]
+RATE = 24000
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (/usr/bin/chromium)")
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "omniweb.settings",
+        "PYTHONUNBUFFERED": "1",
+        "OMNIWEB_ENGINE_MAX_AHEAD_SECONDS": "2",
+    }
+    cmd = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "omniweb.asgi:application"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                out = proc.stdout.read().decode() if proc.stdout else ""
+                proc.kill()
+                pytest.fail(f"daphne did not start:\n{out}")
+            time.sleep(0.2)
+    url = f"http://127.0.0.1:{port}"  # the page's origin must be an allowed host, as in the README
+    # The server preloads the models as it starts; a session waits for that, so the tests do too.
+    while not json.loads(urllib.request.urlopen(url + "/healthz", timeout=5).read())["engine"]["local_started"]:
+        if time.monotonic() > deadline:
+            pytest.fail("the engine did not start within 60 s")
+        time.sleep(0.2)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1100, "height": 900})
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.errors = errors
+    yield pg
+    context.close()
+    assert not errors, f"uncaught errors in the page: {errors}"
+
+
+class Frames:
+    """The JSON messages the page's WebSockets received (and sent), in order."""
+
+    def __init__(self, pg: Any) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.sent: list[dict[str, Any]] = []
+        pg.on("websocket", self._on_socket)
+
+    def _on_socket(self, ws: Any) -> None:
+        ws.on("framereceived", lambda payload: self._keep(self.messages, payload))
+        ws.on("framesent", lambda payload: self._keep(self.sent, payload))
+
+    @staticmethod
+    def _keep(into: list[dict[str, Any]], payload: str | bytes) -> None:
+        if isinstance(payload, str):
+            into.append(json.loads(payload))
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [m for m in self.messages if m.get("type") == kind]
+
+    def sent_of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [m for m in self.sent if m.get("type") == kind]
+
+
+def shot(pg: Any, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def number(pg: Any, selector: str) -> int:
+    return int(pg.locator(selector).get_attribute("data-value"))
+
+
+def wait_state(pg: Any, states: str, timeout: float = 30_000) -> str:
+    wanted = states.split("|")
+    pg.wait_for_function(
+        "states => states.includes(document.querySelector('#state').dataset.state)", arg=wanted, timeout=timeout
+    )
+    return pg.locator("#state").get_attribute("data-state")
+
+
+# -- start page ------------------------------------------------------------------------------------
+
+
+def test_index_links_pages_and_shows_health(page, base_url):
+    page.goto(base_url + "/")
+    page.wait_for_selector("#health[data-state='ok']", timeout=15_000)
+    assert "Ready" in page.locator("#health-text").text_content()
+    assert page.locator("a[href='/speech/']").count() >= 1 and page.locator("a[href='/video/']").count() >= 1
+    shot(page, "index")
+
+
+def test_pages_fit_a_phone_screen(browser, base_url):
+    context = browser.new_context(viewport={"width": 360, "height": 740}, is_mobile=True, has_touch=True)
+    try:
+        pg = context.new_page()
+        for path, name in (("/speech/", "speech-phone"), ("/video/", "video-phone")):
+            pg.goto(base_url + path)
+            overflow = pg.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert overflow <= 0, f"{path} scrolls sideways by {overflow}px at 360px wide"
+            shot(pg, name)
+    finally:
+        context.close()
+
+
+# -- speech ----------------------------------------------------------------------------------------
+
+SENTENCES = "The quick brown fox jumps over the lazy dog. It was a bright cold day in April."
+
+
+def test_speech_plays_every_sample_and_lights_words_in_order(page, base_url):
+    frames = Frames(page)
+    page.goto(base_url + "/speech/")
+    page.fill("#text", SENTENCES)
+    page.evaluate(
+        """() => {
+          window.__litAt = [];
+          new MutationObserver((records) => {
+            for (const r of records) {
+              if (r.target.classList.contains('spoken') && !r.oldValue?.includes('spoken')) {
+                window.__litAt.push(performance.now());
+              }
+            }
+          }).observe(document.querySelector('#transcript'),
+                     { subtree: true, attributes: true, attributeFilter: ['class'], attributeOldValue: true });
+        }"""
+    )
+    page.click("#speak")
+    # Mid-utterance: some words lit, not all (the screenshot shows the highlight).
+    page.wait_for_function("document.querySelectorAll('.word.spoken').length >= 4", timeout=20_000)
+    shot(page, "speech")
+    assert wait_state(page, "done|error|cancelled") == "done", page.locator("#error").text_content()
+
+    dones = frames.of_type("audio.done")
+    assert [d["sentence_index"] for d in dones] == [0, 1] and not any(d["error"] for d in dones)
+    sent_samples = sum(d["total_bytes"] for d in dones) // 2
+    assert sent_samples > RATE * 2  # two sentences of speech
+    # Every sample the server sent reached the AudioWorklet, and it played them all.
+    assert number(page, "#received") == sent_samples
+    assert number(page, "#played") == sent_samples
+
+    words = page.locator(".word")
+    stamped = [w["word"] for c in frames.of_type("audio.chunk") if c["timestamps"] for w in c["timestamps"]]
+    assert words.all_text_contents() == stamped == SENTENCES.split()
+    orders = [int(o) for o in words.evaluate_all("els => els.map(e => e.dataset.order ?? -1)")]
+    assert orders == list(range(len(stamped))), "every word lit, in reading order"
+    # ... and in time with the audio. A sentence's times come after its audio (the last audio.chunk),
+    # so with 2 s pacing the first sentence's first words light together once they arrive; the
+    # second sentence's arrive before it plays: its words must light as far apart as they are spoken.
+    lit = page.evaluate("window.__litAt")
+    assert len(lit) == len(stamped)
+    second = [c["timestamps"] for c in frames.of_type("audio.chunk") if c["timestamps"]][1]
+    lit_second = lit[len(stamped) - len(second) :]
+    span, expected = lit_second[-1] - lit_second[0], second[-1]["start_ms"] - second[0]["start_ms"]
+    assert abs(span - expected) < 150, f"sentence 2 lit over {span:.0f} ms; its words span {expected} ms"
+    assert page.locator("#ttfa").text_content().endswith("ms") or page.locator("#ttfa").text_content().endswith("s")
+    assert float(page.locator("#rtf").text_content()) > 0
+    href = page.locator("#download").get_attribute("href")
+    assert page.locator("#download").is_visible() and href.startswith("blob:")
+    wav_bytes = page.evaluate("async url => (await (await fetch(url)).arrayBuffer()).byteLength", href)
+    assert wav_bytes == 44 + 2 * sent_samples
+
+
+def test_speech_cancel_mid_stream_stops_playback(page, base_url):
+    frames = Frames(page)
+    page.goto(base_url + "/speech/")
+    page.fill("#text", " ".join([SENTENCES] * 6))
+    page.click("#speak")
+    page.wait_for_function(f"Number(document.querySelector('#played').dataset.value) > {RATE}", timeout=20_000)
+    page.click("#cancel")
+    assert wait_state(page, "cancelled", timeout=5_000) == "cancelled"
+    page.wait_for_timeout(300)  # the stop fades out over 8 ms; the last report follows
+    stopped_at = number(page, "#played")
+    page.wait_for_timeout(1000)
+    assert number(page, "#played") == stopped_at, "playback went on after Cancel"
+    # The server was still streaming (paced 2 s ahead) and stopped too.
+    deadline = time.monotonic() + 5
+    while not frames.of_type("session.done") and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+    assert any(d.get("cancelled") for d in frames.of_type("audio.done"))
+    assert page.locator(".word.spoken").count() < page.locator(".word").count()
+    assert page.locator("#speak").is_enabled()
+
+
+def test_speech_file_mode_at_half_speed(page, base_url):
+    """One encoded file per sentence (speed is only allowed off 1.0 without streaming), decoded here."""
+    frames = Frames(page)
+    page.goto(base_url + "/speech/")
+    page.fill("#text", "   ")
+    page.click("#speak")
+    assert "nothing to speak" in page.locator("#error").text_content()
+    page.select_option("#mode", "file")
+    page.select_option("#format", "wav")
+    page.eval_on_selector("#speed", "el => { el.value = '0.5'; el.dispatchEvent(new Event('input')); }")
+    page.fill("#text", "Short one. Two of them.")
+    page.click("#speak")
+    assert wait_state(page, "done|error") == "done", page.locator("#error").text_content()
+    assert page.locator("#error").is_hidden()
+    starts = frames.of_type("audio.start")
+    assert [s["format"] for s in starts] == ["wav", "wav"]
+    # Files are whole WAVs (44-byte header each); the player got their samples.
+    wav_samples = sum((d["total_bytes"] - 44) // 2 for d in frames.of_type("audio.done"))
+    assert number(page, "#received") == wav_samples == number(page, "#played")
+
+
+def test_speech_sends_text_as_it_is_typed(page, base_url):
+    frames = Frames(page)
+    page.goto(base_url + "/speech/")
+    page.check("#live")
+    page.fill("#text", "")
+    page.locator("#text").press_sequentially("Typed live. ", delay=20)
+    page.wait_for_function("document.querySelector('#conn').dataset.state === 'open'", timeout=10_000)
+    page.wait_for_timeout(600)  # the page sends after a 300 ms pause in typing
+    early = "".join(m["text"] for m in frames.sent_of_type("input.text"))
+    assert early == "Typed live. " and not frames.sent_of_type("input.done")
+    page.locator("#text").press_sequentially("Then flushed.", delay=20)
+    page.click("#speak")
+    assert wait_state(page, "done|error") == "done", page.locator("#error").text_content()
+    assert "".join(m["text"] for m in frames.sent_of_type("input.text")) == "Typed live. Then flushed."
+    assert [s["sentence_text"] for s in frames.of_type("audio.start")] == ["Typed live.", "Then flushed."]
+
+
+def test_speech_codec_tokens_decoded_in_the_page(page, base_url):
+    """codec_tokens mode: the page decodes the packets itself (static/codec/decoder.js) and plays them."""
+    frames = Frames(page)
+    page.goto(base_url + "/speech/")
+    page.select_option("#mode", "codec")
+    page.fill("#text", SENTENCES)
+    page.click("#speak")
+    assert wait_state(page, "done|error") == "done", page.locator("#error").text_content()
+    dones = frames.of_type("codec.done")
+    assert len(dones) == 2 and not any(d["error"] for d in dones)
+    decoded = sum(d["total_frames"] for d in dones) * 300  # 12.5 ms rows, 300 samples each
+    assert decoded > RATE * 2
+    assert number(page, "#received") == decoded == number(page, "#played")
+
+
+class CuttableProxy:
+    """Test double: a TCP relay to the server whose open connections can be cut, as a network drop does."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.live: set[socket.socket] = set()
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            with self.lock:
+                self.live |= {client, server}
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        with self.lock:
+            doomed, self.live = self.live, set()
+        for sock in doomed:  # no WebSocket close frame: the browser sees an abnormal closure (1006)
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut()
+
+
+@pytest.fixture
+def proxied_url(base_url: str) -> Iterator[tuple[str, CuttableProxy]]:
+    proxy = CuttableProxy(int(base_url.rsplit(":", 1)[1]))
+    yield f"http://127.0.0.1:{proxy.port}", proxy
+    proxy.close()
+
+
+def test_speech_reconnects_after_a_dropped_connection(page, proxied_url):
+    url, proxy = proxied_url
+    page.goto(url + "/speech/")
+    page.fill("#text", "First.")
+    page.click("#speak")
+    assert wait_state(page, "done|error") == "done"
+    proxy.cut()
+    page.wait_for_selector("#conn[data-state='retrying']", timeout=5_000)
+    page.wait_for_selector("#conn[data-state='open']", timeout=10_000)  # back by itself
+    page.fill("#text", "Second.")
+    page.click("#speak")
+    assert wait_state(page, "done|error") == "done"
+    assert page.locator("#error").is_hidden()
+
+
+# -- video -----------------------------------------------------------------------------------------
+
+
+def start_camera(pg: Any, base_url: str) -> None:
+    pg.goto(base_url + "/video/")
+    pg.click("#start")
+    pg.wait_for_selector("#camera-badge:text('Live')", timeout=10_000)
+    pg.wait_for_function("Number(document.querySelector('#accepted').dataset.value) >= 2", timeout=15_000)
+
+
+def ask(pg: Any, text: str) -> None:
+    pg.fill("#question", text)
+    pg.click("#ask")
+
+
+def test_video_counts_acks_and_answers_a_typed_question_aloud(page, base_url):
+    frames = Frames(page)
+    start_camera(page, base_url)
+    acks = frames.of_type("video.frame.ack")
+    assert number(page, "#sent") >= len(acks) >= 2
+    accepted = sum(1 for a in acks if a["accepted"])
+    filtered = sum(1 for a in acks if not a["accepted"] and a.get("reason") == "filtered")
+    assert (number(page, "#accepted"), number(page, "#filtered")) == (accepted, filtered)
+    assert all(a["frame_id"].startswith("f") and isinstance(a["capture_ts_ms"], int) for a in acks)
+    assert page.locator("#ack-latency").text_content() != "–"
+
+    ask(page, "What do you see?")
+    page.wait_for_function("document.querySelector('#answer').textContent.trim().length > 0", timeout=30_000)
+    page.wait_for_selector("#audio-state[data-state='playing']", timeout=30_000)
+    shot(page, "video")
+    assert wait_state(page, "done|error", timeout=60_000) == "done", page.locator("#error").text_content()
+    (done,) = frames.of_type("response.text.done")
+    assert page.locator("#answer").text_content() == done["text"]
+    assert number(page, "#played") > RATE // 2  # the spoken answer reached the speakers
+    assert page.locator("#first-text").text_content() != "–" and page.locator("#first-audio").text_content() != "–"
+
+
+def test_video_error_is_shown_in_words(page, base_url):
+    """No camera yet: the server refuses the question and the page says so."""
+    page.goto(base_url + "/video/")
+    ask(page, "What do you see?")
+    page.wait_for_selector("#error:not([hidden])", timeout=15_000)
+    assert page.locator("#error").text_content() == "The server said: No frames buffered"
+    assert wait_state(page, "error") == "error"
+
+
+def test_video_push_to_talk_sends_16khz_pcm(page, base_url):
+    """Holding Talk streams the microphone as PCM16 at 16 kHz; letting go asks the question."""
+    frames = Frames(page)
+    start_camera(page, base_url)
+    page.focus("#talk")
+    page.keyboard.down("Space")
+    page.wait_for_selector("#talk[aria-pressed='true']")
+    page.wait_for_timeout(1500)
+    page.keyboard.up("Space")
+    page.wait_for_function("document.querySelector('#talk').getAttribute('aria-pressed') === 'false'")
+    page.wait_for_timeout(500)
+    chunks = frames.sent_of_type("audio.chunk")
+    pcm_bytes = sum(len(base64.b64decode(c["data"])) for c in chunks)
+    seconds = pcm_bytes / 2 / 16000
+    assert 1.2 < seconds < 2.2, f"{seconds:.2f} s of 16 kHz audio for a 1.5 s press"
+    assert frames.sent_of_type("video.query")[-1]["text"] == ""
+    # The fake microphone plays a beep, not words: whatever the server makes of it, the page settles.
+    assert wait_state(page, "done|error", timeout=60_000) in ("done", "error")
+
+
+def test_video_reconnects_after_a_dropped_connection(page, proxied_url):
+    url, proxy = proxied_url
+    start_camera(page, url)
+    proxy.cut()
+    page.wait_for_selector("#conn[data-state='retrying']", timeout=5_000)
+    page.wait_for_selector("#conn[data-state='open']", timeout=10_000)
+    before = number(page, "#accepted")
+    page.wait_for_function(f"Number(document.querySelector('#accepted').dataset.value) >= {before + 2}", timeout=10_000)
+
+
+def test_video_second_question_stops_the_first_answer_at_once(page, base_url):
+    frames = Frames(page)
+    start_camera(page, base_url)
+    ask(page, "Describe what you see.")
+    page.wait_for_selector("#audio-state[data-state='playing']", timeout=30_000)
+    # Watch the answer's audio state from inside the page, so the order of events is exact.
+    page.evaluate(
+        """() => {
+          window.__audioLog = [];
+          const el = document.querySelector('#audio-state');
+          new MutationObserver(() => window.__audioLog.push([performance.now(), el.dataset.state]))
+            .observe(el, { attributes: true, attributeFilter: ['data-state'] });
+          window.__askedAt = performance.now();
+        }"""
+    )
+    ask(page, "How many faces are there?")
+    assert wait_state(page, "done|error", timeout=60_000) == "done", page.locator("#error").text_content()
+    log = page.evaluate("window.__audioLog")
+    asked_at = page.evaluate("window.__askedAt")
+    assert log and log[0][1] == "stopped", f"the first answer's audio did not stop first: {log}"
+    assert log[0][0] - asked_at < 300, f"stopping took {log[0][0] - asked_at:.0f} ms"
+    earlier = page.locator("#earlier li")
+    assert earlier.count() == 2
+    assert earlier.nth(1).get_attribute("data-how") == "interrupted"
+    assert earlier.nth(0).get_attribute("data-how") == "answered"
+    assert page.locator("#answer").text_content() == frames.of_type("response.text.done")[-1]["text"]

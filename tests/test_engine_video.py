@@ -1,0 +1,212 @@
+"""The video.turn pipeline on the scheduler: thinker → talker → vocoder with the real models."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from test_video_asr import spoken
+from test_video_thinker import camera_like, canvas, faces_frame, jpeg, square_frames
+from test_video_upstream import Upstream, serve, stream
+
+from omniweb.engine.scheduler import Scheduler
+from video.engine.pipeline import NOTHING_HEARD, PIPELINE, VideoTurnPipeline
+from video.engine.sentences import SentenceStream, speakable
+
+
+@pytest.fixture(scope="module")
+def pipeline() -> VideoTurnPipeline:
+    with override_settings(VIDEO_THINKER="scene"):
+        return VideoTurnPipeline()
+
+
+class Recorder:
+    """A scheduler for one test, recording which kinds of steps it ran."""
+
+    def __init__(self, pipeline: VideoTurnPipeline) -> None:
+        self.kinds: list[str] = []
+        self.sched = Scheduler({PIPELINE: pipeline}, workers=2, on_batch=lambda kind, n: self.kinds.append(kind))
+
+    def run(self, request: dict[str, Any], timeout: float = 30) -> list[tuple[float, dict[str, Any]]]:
+        """(seconds since submit, chunk) for every chunk up to and including the end."""
+        chunks: list[tuple[float, dict[str, Any]]] = []
+        ended = threading.Event()
+        t0 = time.monotonic()
+
+        def sink(chunk: dict[str, Any]) -> None:
+            chunks.append((time.monotonic() - t0, chunk))
+            if chunk["type"] == "end":
+                ended.set()
+
+        self.sched.submit(f"r{time.monotonic_ns()}", {"pipeline": PIPELINE, **request}, sink)
+        assert ended.wait(timeout), [c["type"] for _, c in chunks]
+        return chunks
+
+
+@pytest.fixture
+def engine(pipeline: VideoTurnPipeline) -> Iterator[Recorder]:
+    rec = Recorder(pipeline)
+    rec.sched.start()
+    yield rec
+    rec.sched.stop()
+
+
+def kinds(chunks: list[tuple[float, dict[str, Any]]]) -> list[str]:
+    return [c["type"] for _, c in chunks]
+
+
+def text_of(chunks: list[tuple[float, dict[str, Any]]]) -> str:
+    return "".join(c["delta"] for _, c in chunks if c["type"] == "text")
+
+
+def people_frames() -> list[dict[str, Any]]:
+    return [
+        {"frame_id": "f0", "data": faces_frame([(150, 240, 150)], 1), "pts_ms": 0},
+        {"frame_id": "f1", "data": faces_frame([(150, 240, 150), (490, 240, 150)], 2), "pts_ms": 800},
+    ]
+
+
+def test_spoken_question_order_transcript_text_audio(engine):
+    dark = [{"frame_id": "d", "data": jpeg(camera_like(canvas((12, 12, 12)))), "pts_ms": 0}]
+    chunks = engine.run({"question": "", "audio": spoken("Is it dark in here?"), "frames": dark})
+    order = kinds(chunks)
+    assert order[0] == "transcript" and order.count("transcript") == 1
+    assert chunks[0][1]["text"].strip() == "Is it dark in here?"
+    first_audio = order.index("sentence.start")
+    assert "text" in order[:first_audio]  # text before any audio
+    assert order[-1] == "end"
+    end = chunks[-1][1]
+    assert end["status"] == "ok" and end["transcript"].strip() == "Is it dark in here?"
+    assert end["text"] == text_of(chunks) and end["text"].startswith("Yes, it's very dark")
+    audio = b"".join(c["pcm"] for _, c in chunks if c["type"] == "audio")
+    assert len(audio) > 24_000  # over half a second of speech
+    assert engine.kinds[0] == "asr" and {"talker", "vocoder"} <= set(engine.kinds)
+
+
+def test_every_sentence_is_spoken_in_order(engine):
+    chunks = engine.run({"question": "What do you see?", "frames": people_frames(), "history": []})
+    end = chunks[-1][1]
+    spoken_sentences = [c["text"] for _, c in chunks if c["type"] == "sentence.start"]
+    stream = SentenceStream()
+    expected = stream.feed(end["text"]) + stream.flush()
+    assert spoken_sentences == expected and len(expected) >= 3
+    indices = [c["sentence_index"] for _, c in chunks if c["type"] == "sentence.end"]
+    assert indices == list(range(len(expected)))
+
+
+def test_text_only_does_no_audio_work(engine):
+    chunks = engine.run({"question": "What changed?", "frames": people_frames(), "modalities": ["text"]})
+    assert set(kinds(chunks)) == {"text", "end"}
+    assert "Someone came into view" in chunks[-1][1]["text"]
+    assert set(engine.kinds) == {"thinker"}  # no talker, no vocoder step ran
+
+
+def test_silence_gets_an_honest_answer_not_a_guess(engine):
+    chunks = engine.run({"question": "", "audio": bytes(32_000), "frames": people_frames(), "modalities": ["text"]})
+    assert kinds(chunks) == ["transcript", "text", "end"]
+    assert chunks[0][1]["text"] == ""
+    assert chunks[-1][1] == {"type": "end", "status": "ok", "text": NOTHING_HEARD, "transcript": ""}
+
+
+def test_abort_stops_between_steps(engine):
+    chunks: list[dict[str, Any]] = []
+    first_audio = threading.Event()
+
+    def sink(chunk: dict[str, Any]) -> None:
+        chunks.append(chunk)
+        if chunk["type"] == "audio":
+            first_audio.set()
+
+    frames = [{"data": f, "pts_ms": i * 300} for i, f in enumerate(square_frames([40, 190, 340, 490]))]
+    engine.sched.submit("long", {"pipeline": PIPELINE, "question": "Describe everything.", "frames": frames}, sink)
+    assert first_audio.wait(10)
+    steps_before = engine.sched.stats().steps_total
+    assert engine.sched.abort("long")
+    assert chunks[-1] == {"type": "end", "status": "cancelled"}
+    n = len(chunks)
+    time.sleep(0.3)
+    assert len(chunks) == n  # a step in flight finished, its output was dropped
+    stats = engine.sched.stats()
+    assert stats.active == 0 and stats.running_steps == 0
+    assert stats.steps_total - steps_before <= 2  # at most the steps already running on the 2 workers
+
+
+def test_first_text_is_quick(engine):
+    """Not a benchmark (bench/video_engine.py measures): just that analysis is not seconds long."""
+    frames = [{"data": f} for f in square_frames([40, 190, 340, 490])]
+    engine.run({"question": "warm", "frames": frames, "modalities": ["text"]})
+    chunks = engine.run({"question": "What do you see?", "frames": frames})
+    first_text = next(t for t, c in chunks if c["type"] == "text")
+    assert first_text < 1.0
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "message"),
+    [
+        ({"question": 3}, "question must be a string"),
+        ({"audio": "not bytes"}, "audio must be PCM16 bytes"),
+        ({"frames": [{"data": "base64?"}]}, "frames must be a list"),
+        ({"history": [{"role": "system", "content": "x"}]}, "history must be a list"),
+        ({"modalities": ["video"]}, "modalities must be a subset"),
+        ({"voice": "nobody"}, "Unknown voice 'nobody'"),
+    ],
+)
+def test_invalid_requests_are_refused_at_submit(engine, request_fields, message):
+    request = {"pipeline": PIPELINE, "question": "q", "frames": [], **request_fields}
+    with pytest.raises(ValueError, match=message):
+        engine.sched.submit("bad", request, lambda chunk: None)
+
+
+# -- audio while the text still streams (a thinker that writes at a model's pace) ----------------
+
+
+@pytest.fixture(scope="module")
+def paced_upstream() -> Iterator[Upstream]:
+    with serve() as state:
+        yield state
+
+
+def test_audio_starts_before_the_text_ends(paced_upstream):
+    paced_upstream.script = stream(
+        ["The first ", "sentence ", "is short. ", "The second ", "one comes ", "later."], 0.3
+    )
+    with override_settings(VIDEO_THINKER="upstream", VIDEO_UPSTREAM_URL=paced_upstream.url):
+        rec = Recorder(VideoTurnPipeline())
+    rec.sched.start()
+    try:
+        chunks = rec.run({"question": "Talk slowly.", "frames": []})
+    finally:
+        rec.sched.stop()
+    order = kinds(chunks)
+    last_text = max(i for i, k in enumerate(order) if k == "text")
+    assert order.index("audio") < last_text  # the first sentence plays while the second is written
+    assert [c["text"] for _, c in chunks if c["type"] == "sentence.start"] == [
+        "The first sentence is short.",
+        "The second one comes later.",
+    ]
+
+
+# -- sentence cutting ------------------------------------------------------------------------------
+
+
+def test_sentences_are_released_once_proven_complete():
+    s = SentenceStream()
+    out: list[str] = []
+    for ch in "Hello there. Dr. Smith paid 3.5 dollars! Is it done? yes it is":
+        out.extend(s.feed(ch))
+    assert out == ["Hello there.", "Dr. Smith paid 3.5 dollars!"]
+    assert s.flush() == ["Is it done? yes it is"]  # a lowercase start does not end a sentence (hibari's rule)
+
+
+def test_sentence_waits_for_the_next_text_and_lines_break():
+    s = SentenceStream()
+    assert s.feed("One sentence. ") == []  # not proven yet: "3." or "Dr." look the same
+    assert s.feed("Two") == ["One sentence."]
+    assert s.feed(" items\n- **Three**") == ["Two items"]
+    assert s.flush() == ["- Three"]
+    assert speakable("**Bold** and `code`  here") == "Bold and code here"
+    assert s.flush() == []

@@ -1,0 +1,329 @@
+"""The upstream thinker against a small OpenAI-compatible chat-completions server started here (loopback).
+
+The server speaks the streaming format (server-sent events, ``data: {chunk}`` ... ``data: [DONE]``)
+and records what it received, so the tests check the request (frames as image parts, history,
+system prompt, model, key) as well as the streamed answer, the errors and the abort.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+from django.test import override_settings
+
+from omniweb.engine.scheduler import Scheduler
+from video.engine.pipeline import PIPELINE, VideoTurnPipeline
+from video.engine.thinkers import Frame, ThinkerError, Turn
+from video.engine.upstream import DEFAULT_SYSTEM_PROMPT, ORPHAN_SECONDS, UpstreamThinker
+
+Script = Callable[["Handler"], None]
+
+
+@dataclass
+class Upstream:
+    """The fake server's state: what to answer and what it saw."""
+
+    server: ThreadingHTTPServer
+    script: Script | None = None
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    disconnected: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)  # ends hanging handlers
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+
+class Handler(BaseHTTPRequestHandler):
+    upstream: Upstream
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep the test output clean
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.upstream.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+        assert self.upstream.script is not None
+        self.upstream.script(self)
+
+    # -- answers the scripts use ---------------------------------------------------------------
+    def start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+
+    def event(self, payload: str) -> None:
+        self.wfile.write(f"data: {payload}\n\n".encode())
+        self.wfile.flush()
+
+    def delta(self, text: str, finish: str | None = None) -> None:
+        choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+        self.event(json.dumps({"id": "c1", "object": "chat.completion.chunk", "choices": [choice]}))
+
+
+def stream(deltas: list[str], pause: float = 0.0, done: bool = True) -> Script:
+    def script(h: Handler) -> None:
+        h.start_stream()
+        h.event(json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}))
+        h.wfile.write(b": keep-alive comment\n\n")
+        for d in deltas:
+            h.delta(d)
+            time.sleep(pause)
+        h.delta("", finish="stop")
+        if done:
+            h.event("[DONE]")
+
+    return script
+
+
+def status(code: int, body: str) -> Script:
+    def script(h: Handler) -> None:
+        h.send_response(code)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body.encode())
+
+    return script
+
+
+def endless(h: Handler) -> None:
+    """Stream a word every 20 ms until the client goes away (then note that it did)."""
+    h.start_stream()
+    try:
+        while not h.upstream.release.is_set():
+            h.delta("word ")
+            time.sleep(0.02)
+    except OSError:
+        h.upstream.disconnected.set()
+
+
+@contextlib.contextmanager
+def serve() -> Iterator[Upstream]:
+    """A fake upstream on a free loopback port, with its own handler class (no state shared)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    state = Upstream(server)
+    server.RequestHandlerClass = type("BoundHandler", (Handler,), {"upstream": state})
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        state.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Upstream]:
+    with serve() as state:
+        yield state
+
+
+@pytest.fixture
+def fresh(upstream: Upstream) -> Upstream:
+    upstream.requests.clear()
+    upstream.disconnected.clear()
+    upstream.release.clear()
+    return upstream
+
+
+@pytest.fixture(scope="module")
+def pipeline(upstream: Upstream) -> VideoTurnPipeline:
+    with override_settings(VIDEO_THINKER="upstream", VIDEO_UPSTREAM_URL=upstream.url, VIDEO_UPSTREAM_TIMEOUT=1.0):
+        return VideoTurnPipeline()
+
+
+@pytest.fixture
+def scheduler(pipeline: VideoTurnPipeline) -> Iterator[Scheduler]:
+    sched = Scheduler({PIPELINE: pipeline}, workers=2)
+    sched.start()
+    yield sched
+    sched.stop()
+
+
+def frame(bgr: tuple[int, int, int], fmt: str = ".jpg") -> bytes:
+    ok, data = cv2.imencode(fmt, np.full((48, 64, 3), bgr, np.uint8))
+    assert ok
+    return data.tobytes()
+
+
+def run_turn(sched: Scheduler, request: dict[str, Any], timeout: float = 20) -> list[dict[str, Any]]:
+    chunks: list[dict[str, Any]] = []
+    ended = threading.Event()
+
+    def sink(chunk: dict[str, Any]) -> None:
+        chunks.append(chunk)
+        if chunk["type"] == "end":
+            ended.set()
+
+    sched.submit(f"r{time.monotonic_ns()}", {"pipeline": PIPELINE, **request}, sink)
+    assert ended.wait(timeout), [c["type"] for c in chunks]
+    return chunks
+
+
+def text_of(chunks: list[dict[str, Any]]) -> str:
+    return "".join(c["delta"] for c in chunks if c["type"] == "text")
+
+
+def thinker(upstream: Upstream, **kw: Any) -> UpstreamThinker:
+    args = {"url": upstream.url, "model": "served-model", "api_key": "", "timeout": 1.0, "max_tokens": 0, **kw}
+    return UpstreamThinker(**args)
+
+
+def answer(t: UpstreamThinker, turn: Turn, timeout: float = 10) -> str:
+    run = t.start(turn)
+    deltas: list[str] = []
+    deadline = time.monotonic() + timeout
+    while not run.done:
+        assert time.monotonic() < deadline
+        deltas.extend(run.step())
+    return "".join(deltas)
+
+
+def test_frames_history_and_prompt_reach_the_upstream(fresh):
+    fresh.script = stream(["The wall ", "is blue. ", "Nobody is ", "there."])
+    frames = [Frame("a", frame((200, 0, 0)), 0), Frame("b", frame((0, 200, 0), ".png"), 500)]
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    turn = Turn("What do you see?", frames, history, system_prompt="Be brief.", model="qwen-vl")
+    t = thinker(fresh, api_key="sekret", max_tokens=64)
+    assert answer(t, turn) == "The wall is blue. Nobody is there."
+    (req,) = fresh.requests
+    assert req["path"] == "/v1/chat/completions"
+    assert req["headers"]["Authorization"] == "Bearer sekret"
+    body = req["body"]
+    assert body["stream"] is True and body["model"] == "qwen-vl" and body["max_tokens"] == 64
+    messages = body["messages"]
+    assert messages[0] == {"role": "system", "content": "Be brief."}
+    assert messages[1:3] == history
+    user = messages[3]
+    assert user["role"] == "user"
+    images = [p["image_url"]["url"] for p in user["content"] if p["type"] == "image_url"]
+    assert [u.split(",")[0] for u in images] == ["data:image/jpeg;base64", "data:image/png;base64"]
+    assert [base64.b64decode(u.split(",", 1)[1]) for u in images] == [f.data for f in frames]
+    assert user["content"][-1] == {"type": "text", "text": "What do you see?"}
+
+
+def test_defaults_when_the_session_sets_none(fresh):
+    fresh.script = stream(["Fine."], done=False)  # no [DONE]: the finish_reason then the close end it
+    assert answer(thinker(fresh), Turn("", [Frame(None, frame((1, 2, 3)), None)])) == "Fine."
+    body = fresh.requests[0]["body"]
+    assert body["model"] == "served-model" and "max_tokens" not in body
+    assert body["messages"][0] == {"role": "system", "content": DEFAULT_SYSTEM_PROMPT}
+    assert body["messages"][-1]["content"][-1]["text"] == "What do you see?"
+    assert "Authorization" not in fresh.requests[0]["headers"]
+
+
+def test_a_server_that_ignores_stream_true(fresh):
+    reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "All at once."}}]}
+    fresh.script = status(200, json.dumps(reply))
+    assert answer(thinker(fresh), Turn("q", [])) == "All at once."
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (401, "refused our credentials (HTTP 401)"),
+        (404, "not found (HTTP 404)"),
+        (429, "busy"),
+        (400, "rejected the request (HTTP 400)"),
+        (500, "failed (HTTP 500)"),
+    ],
+)
+def test_http_errors_are_clear_and_client_safe(fresh, code, expected):
+    fresh.script = status(code, '{"error": {"message": "secret internal detail /srv/model.bin"}}')
+    with pytest.raises(ThinkerError) as err:
+        answer(thinker(fresh), Turn("q", []))
+    assert expected in str(err.value)
+    assert "secret" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        (lambda h: (h.start_stream(), h.event("{not json")), "malformed stream"),
+        (lambda h: (h.start_stream(), h.event('{"error": {"message": "CUDA OOM at 0x1"}}')), "failed while answering"),
+        (lambda h: (h.start_stream(), h.delta("Half a")), "ended before the answer was complete"),
+        (lambda h: h.upstream.release.wait(5), "did not answer within 1 seconds"),
+    ],
+    ids=["bad-json", "error-event", "cut-short", "timeout"],
+)
+def test_broken_streams_and_timeouts(fresh, script, expected):
+    fresh.script = script
+    with pytest.raises(ThinkerError) as err:
+        answer(thinker(fresh), Turn("q", []))
+    assert expected in str(err.value)
+    assert "CUDA" not in str(err.value)
+
+
+def test_unreachable_server():
+    from conftest import free_port
+
+    t = UpstreamThinker(f"http://127.0.0.1:{free_port()}/v1", "m", "", 1.0, 0)
+    with pytest.raises(ThinkerError, match="Could not reach the upstream model server"):
+        answer(t, Turn("q", []))
+
+
+def test_pipeline_streams_upstream_text_and_speaks_it(fresh, scheduler):
+    fresh.script = stream(["I see ", "a blue ", "wall. ", "It is ", "bright."])
+    chunks = run_turn(scheduler, {"question": "What is there?", "frames": [{"data": frame((200, 0, 0))}]})
+    end = chunks[-1]
+    assert end["status"] == "ok" and end["text"] == "I see a blue wall. It is bright." == text_of(chunks)
+    spoken = [c["text"] for c in chunks if c["type"] == "sentence.start"]
+    assert spoken == ["I see a blue wall.", "It is bright."]
+
+
+def test_pipeline_reports_upstream_failure_with_a_clear_message(fresh, scheduler):
+    fresh.script = status(503, "overloaded")
+    chunks = run_turn(scheduler, {"question": "q", "frames": [{"data": frame((0, 0, 0))}]})
+    assert chunks[-1] == {
+        "type": "end",
+        "status": "error",
+        "message": "The upstream model server failed (HTTP 503).",
+        "text": "",
+    }
+
+
+def test_pipeline_error_mid_answer_keeps_what_was_said(fresh, scheduler):
+    fresh.script = lambda h: (h.start_stream(), h.delta("First sentence. "), h.delta("Second"), h.event("{oops"))
+    chunks = run_turn(scheduler, {"question": "q", "frames": [{"data": frame((0, 0, 0))}], "modalities": ["text"]})
+    end = chunks[-1]
+    assert end["status"] == "error" and "malformed stream" in end["message"]
+    assert end["text"] == "First sentence. Second"
+
+
+def test_abort_frees_the_engine_at_once_and_closes_the_upstream_stream(fresh, scheduler):
+    fresh.script = endless
+    chunks: list[dict[str, Any]] = []
+    request = {"pipeline": PIPELINE, "question": "q", "frames": [], "modalities": ["text"]}
+    scheduler.submit("long", request, chunks.append)
+    deadline = time.monotonic() + 10
+    while not any(c["type"] == "text" for c in chunks):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    aborted_at = time.monotonic()
+    assert scheduler.abort("long")
+    assert chunks[-1] == {"type": "end", "status": "cancelled"}
+    while scheduler.stats().running_steps:  # a step in flight ends within STEP_WAIT
+        assert time.monotonic() - aborted_at < 0.5
+        time.sleep(0.005)
+    assert scheduler.stats().active == 0
+    # The scheduler releases the aborted request's loops: the upstream hears the disconnect at once
+    # (well before the ORPHAN_SECONDS backstop for a run nobody polls any more).
+    assert fresh.disconnected.wait(2)
+    assert time.monotonic() - aborted_at < min(1.0, ORPHAN_SECONDS)
+    n = len(chunks)
+    time.sleep(0.1)
+    assert len(chunks) == n  # nothing after the end

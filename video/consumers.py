@@ -1,0 +1,528 @@
+"""Transport for ``/v1/video/chat/stream``: one explicit session state machine per WebSocket.
+
+``receive`` is the socket's single reader (Channels dispatches one message at a time). It checks the
+first ``session.config`` itself, then parses each later message and puts it on the session's bounded
+inbox. One processor task takes the inbox in order, with one handler per message type, so frames,
+audio and queries keep their arrival order while the reader stays free.
+
+Frames are checked on the acknowledgement path in a thread (strict base64, JPEG/PNG header, pixel
+budget, the similarity thumbnail), then fully decoded ahead of time by the session's decoder task,
+also in a thread. A frame that does not decode is removed from the buffer and reported; a turn waits
+for its frames' decodes, so the thinker only ever gets frames known to decode.
+
+A turn (``video.query``) runs as its own task streaming the engine request's chunks; a newer query
+interrupts it (the engine request is aborted and the old turn sends nothing more).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from omniweb import metrics  # ops instrumentation: errors sent
+from omniweb.engine.client import EngineClient
+from omniweb.engine.runtime import get_engine_client
+from omniweb.transport import SCOPE_KEY as SEND_BUFFER_PROBE
+from speech.tts.model import capabilities
+
+from . import frames, protocol
+from .frames import FrameError
+from .protocol import ProtocolError, VideoSessionConfig
+
+logger = logging.getLogger(__name__)
+
+PIPELINE = "video.turn"
+LARGE_MESSAGE = 1024 * 1024  # parse messages above this size off the event loop
+
+
+class SessionState(enum.Enum):
+    AWAITING_CONFIG = "awaiting_config"
+    READY = "ready"  # configured; buffering frames and audio
+    ANSWERING = "answering"  # a turn streams its answer (frames and audio still buffer)
+    FINISHING = "finishing"  # video.done: the active turn completes, then session.done
+    CLOSED = "closed"
+
+
+def now_ms() -> float:
+    """The server clock of every ``*_ts_ms`` field: monotonic milliseconds, as in the seed."""
+    return time.monotonic() * 1000.0
+
+
+@dataclass(eq=False)  # identity: two frames with equal bytes are still two buffer entries
+class _Frame:
+    data: bytes
+    meta: dict[str, Any]
+    ok: bool | None = None  # None while its full decode is pending
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True)
+class _DecodeFailed:
+    """The decoder's report to the processor; a Python object, so no client can forge it."""
+
+    frame: _Frame
+
+
+@dataclass
+class _Turn:
+    request_id: str
+    question: str
+    modalities: tuple[str, ...]
+    snapshot: list[_Frame]
+    task: asyncio.Task[None] | None = None
+    interrupted: bool = False
+    started: bool = False  # response.start sent
+    consumed_sent: bool = False
+    text: list[str] = field(default_factory=list)
+    transcript: str | None = None
+    audio_deltas: int = 0
+
+
+_Item = dict[str, Any] | _DecodeFailed
+
+
+class VideoStreamConsumer(AsyncWebsocketConsumer):
+    # The session reaches the engine only through its EngineClient and needs no channel of its own.
+    channel_layer_alias = "omniweb-sessions-use-no-layer"
+
+    async def connect(self) -> None:
+        self.state = SessionState.AWAITING_CONFIG
+        self.config: VideoSessionConfig | None = None
+        self.frames: list[_Frame] = []
+        self.buffered_bytes = 0  # sum of the buffered frames' sizes
+        self.audio = bytearray()
+        self.history: list[dict[str, str]] = []
+        self.filter: frames.SimilarityFilter | None = None
+        self.inbox: asyncio.Queue[_Item] = asyncio.Queue()  # client messages are bounded in receive()
+        self.queued = 0
+        self.queued_bytes = 0
+        self.decode_queue: deque[_Frame] = deque()
+        self.decode_wakeup = asyncio.Event()
+        self.turn: _Turn | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+        # First use may load the models: off the event loop, and before the handshake so the config
+        # clock only starts once the session can be served.
+        self.engine: EngineClient = await asyncio.to_thread(get_engine_client)
+        self.caps = capabilities()
+        self.activity = asyncio.Event()
+        self.last_activity = asyncio.get_running_loop().time()
+        await self.accept()
+        self.tasks.append(asyncio.ensure_future(self._watch_timeouts()))
+        self.handlers: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
+            "video.frame": self.on_video_frame,
+            "audio.chunk": self.on_audio_chunk,
+            "video.query": self.on_video_query,
+            "video.done": self.on_video_done,
+            "ping": self.on_ping,
+        }
+
+    async def disconnect(self, code: int) -> None:
+        await self._shutdown()
+        logger.info("video session closed (code %s)", code)
+
+    # -- the single reader -------------------------------------------------------------------------
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        received_ms = now_ms()
+        self.touch()
+        if self.state in (SessionState.CLOSED, SessionState.FINISHING):
+            return  # nothing after video.done is read, as in the seed
+        if text_data is None:
+            await self._reject("Binary messages are not accepted; send JSON text messages")
+            return
+        if self.state is SessionState.AWAITING_CONFIG:
+            await self.on_session_config(text_data)
+            return
+        try:
+            if len(text_data) > LARGE_MESSAGE:
+                msg = await asyncio.to_thread(protocol.parse_message, text_data)
+            else:
+                msg = protocol.parse_message(text_data)
+        except ProtocolError as exc:
+            await self.send_json(protocol.error(exc.message))
+            return
+        size = len(text_data)
+        if self.queued >= protocol.MAX_QUEUED_MESSAGES or self.queued_bytes + size > protocol.MAX_QUEUED_BYTES:
+            await self.fail("Too many messages queued: the session cannot keep up; session closed")
+            return
+        msg["_size"] = size
+        self.queued += 1
+        self.queued_bytes += size
+        if msg.get("type") == "video.frame":
+            msg["_received_ms"] = received_ms
+        elif msg.get("type") == "video.done":
+            self.state = SessionState.FINISHING
+        self.inbox.put_nowait(msg)
+
+    async def on_session_config(self, text_data: str) -> None:
+        try:
+            config = protocol.parse_config(text_data, self.caps)
+        except ProtocolError as exc:
+            await self.fail(exc.message)
+            return
+        self.config = config
+        if config.enable_frame_filter:
+            self.filter = frames.SimilarityFilter(config.frame_filter_threshold)
+        self.state = SessionState.READY
+        self.tasks.append(asyncio.ensure_future(self._process()))
+        self.tasks.append(asyncio.ensure_future(self._decode_ahead()))
+
+    # -- the processor: one handler per message type -----------------------------------------------
+    async def _process(self) -> None:
+        while self.state is not SessionState.CLOSED:
+            item = await self.inbox.get()
+            if isinstance(item, _DecodeFailed):
+                await self.on_decode_failed(item.frame)
+                continue
+            self.queued -= 1
+            self.queued_bytes -= item.pop("_size")
+            msg_type = item.get("type")
+            handler = self.handlers.get(msg_type) if isinstance(msg_type, str) else None
+            if handler is None:
+                await self.send_json(protocol.error(f"Unknown type: {msg_type}"))
+                continue
+            await handler(item)
+
+    async def on_video_frame(self, msg: dict[str, Any]) -> None:
+        assert self.config is not None
+        received_ms = msg.pop("_received_ms")
+        text = msg.get("data", "")
+        if not text:
+            return  # the seed ignores empty frames silently
+        if not isinstance(text, str):
+            await self.send_json(protocol.error("Invalid image data"))
+            return
+        if len(text) > protocol.MAX_FRAME_SIZE:
+            await self.send_json(protocol.error("Frame too large"))
+            return
+        try:
+            prepared = await asyncio.to_thread(
+                frames.prepare_frame,
+                text,
+                max_pixels=settings.VIDEO_MAX_FRAME_PIXELS,
+                with_thumbnail=self.filter is not None,
+            )
+        except FrameError as exc:
+            await self.send_json(protocol.error(exc.message))
+            return
+        thumb = prepared.thumbnail
+        if self.filter is not None and thumb is not None and not self.filter.should_retain(thumb):
+            await self._send_ack(msg, accepted=False, received_ms=received_ms, reason="filtered")
+            return
+        dropped_id: str | None = None
+        # The oldest frames go when the buffer is full: by count (max_frames, as in the seed) or by
+        # bytes (ours: 256 frames of 7.5 MB would otherwise be 1.9 GB for one session).
+        budget = settings.VIDEO_MAX_BUFFER_BYTES - len(prepared.data)
+        while self.frames and (len(self.frames) >= self.config.max_frames or self.buffered_bytes > budget):
+            dropped = self.frames.pop(0)
+            self.buffered_bytes -= len(dropped.data)
+            dropped_id = dropped.meta.get("frame_id")
+        self.buffered_bytes += len(prepared.data)
+        frame = _Frame(data=prepared.data, meta=protocol.frame_metadata(msg, received_ms))
+        self.frames.append(frame)
+        await self._send_ack(msg, accepted=True, received_ms=received_ms, dropped_frame_id=dropped_id)
+        self.decode_queue.append(frame)
+        self.decode_wakeup.set()
+
+    async def _send_ack(self, msg: dict[str, Any], **fields: Any) -> None:
+        ack = protocol.frame_ack(msg, buffered_frames=len(self.frames), **fields)
+        if ack is not None:
+            await self.send_json(ack)
+
+    async def on_decode_failed(self, frame: _Frame) -> None:
+        if frame in self.frames:
+            self.frames.remove(frame)
+            self.buffered_bytes -= len(frame.data)
+            await self.send_json(protocol.error("Frame decode failed"))
+
+    async def on_audio_chunk(self, msg: dict[str, Any]) -> None:
+        try:
+            pcm = protocol.decode_audio(msg.get("data", ""))
+        except ProtocolError as exc:
+            await self.send_json(protocol.error(exc.message))
+            return
+        if not self._buffer_audio(pcm):
+            await self.send_json(protocol.error("Audio buffer overflow"))
+
+    def _buffer_audio(self, pcm: bytes) -> bool:
+        """Append, or clear the buffer on overflow (the caller reports it)."""
+        if len(self.audio) + len(pcm) > protocol.MAX_AUDIO_BUFFER_BYTES:
+            self.audio.clear()
+            return False
+        self.audio.extend(pcm)
+        return True
+
+    async def on_video_query(self, msg: dict[str, Any]) -> None:
+        assert self.config is not None
+        text = msg.get("text", "")
+        if not isinstance(text, str):
+            await self.send_json(protocol.error("video.query text must be a string"))
+            return
+        audio_data = msg.get("audio_data")
+        if audio_data:
+            try:
+                pcm = protocol.decode_audio(audio_data)
+            except ProtocolError as exc:
+                await self.send_json(protocol.error(exc.message))
+            else:
+                if not self._buffer_audio(pcm):
+                    await self.send_json(protocol.error("Audio buffer overflow"))
+        await self._interrupt()
+        if not self.frames:
+            await self.send_json(protocol.error("No frames buffered"))
+            return
+        turn = _Turn(
+            request_id=f"video-{uuid.uuid4().hex[:12]}",
+            question=text,
+            modalities=tuple(self.config.modalities),
+            snapshot=list(self.frames),
+        )
+        audio = bytes(self.audio)
+        self.audio.clear()
+        self.turn = turn
+        if self.state is SessionState.READY:
+            self.state = SessionState.ANSWERING
+        turn.task = asyncio.ensure_future(self._run_turn(turn, self.config, audio))
+
+    async def on_video_done(self, msg: dict[str, Any]) -> None:
+        turn = self.turn
+        if turn is not None and turn.task is not None:
+            await asyncio.gather(turn.task, return_exceptions=True)
+        await self.send_json(protocol.session_done())
+        await self._close_session()
+
+    async def on_ping(self, msg: dict[str, Any]) -> None:
+        await self.send_json(protocol.pong())
+
+    # -- decoding ahead of time --------------------------------------------------------------------
+    async def _decode_ahead(self) -> None:
+        """Full-decode each buffered frame in order, in a thread, before any turn needs it."""
+        while self.state is not SessionState.CLOSED:
+            if not self.decode_queue:
+                self.decode_wakeup.clear()
+                await self.decode_wakeup.wait()
+                continue
+            frame = self.decode_queue.popleft()
+            turn = self.turn
+            if frame not in self.frames and (turn is None or frame not in turn.snapshot):
+                frame.settled.set()  # left the buffer unseen: no turn will ever wait for it
+                continue
+            frame.ok = await asyncio.to_thread(frames.verify_decodes, frame.data)
+            frame.settled.set()
+            if not frame.ok:
+                logger.info("a buffered frame (%d bytes) did not decode", len(frame.data))
+                self.inbox.put_nowait(_DecodeFailed(frame))
+
+    # -- turns -------------------------------------------------------------------------------------
+    async def _interrupt(self) -> None:
+        """Stop the active turn at once: abort its engine request; it sends nothing more."""
+        turn = self.turn
+        if turn is None or turn.task is None or turn.task.done():
+            return
+        turn.interrupted = True
+        await self.engine.abort(turn.request_id)
+        turn.task.cancel()
+        await asyncio.gather(turn.task, return_exceptions=True)
+
+    async def _run_turn(self, turn: _Turn, config: VideoSessionConfig, audio: bytes) -> None:
+        try:
+            await self._answer(turn, config, audio)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("video turn %s failed", turn.request_id)
+            await self._turn_failed(turn, "Query processing failed")
+        finally:
+            if self.turn is turn:
+                self.turn = None
+                if self.state is SessionState.ANSWERING:
+                    self.state = SessionState.READY
+                self.touch()  # the idle clock restarts when the turn ends
+
+    async def _answer(self, turn: _Turn, config: VideoSessionConfig, audio: bytes) -> None:
+        for frame in turn.snapshot:
+            await frame.settled.wait()
+        decoded_ready_ms = now_ms()
+        usable = [f for f in turn.snapshot if f.ok]
+        if not usable:
+            await self._send_turn(turn, protocol.error("No frames buffered"))
+            return
+        selected = [usable[i] for i in frames.sample_indices(len(usable), config.num_frames)]
+        model_selected_ms = now_ms()
+        # As in the seed, frames.consumed is sent only when the client gave frames ids to follow.
+        with_ids = any(f.meta.get("frame_id") for f in turn.snapshot)
+        request = {
+            "pipeline": PIPELINE,
+            "question": turn.question,
+            "audio": audio,
+            "frames": [
+                {
+                    "frame_id": f.meta["frame_id"] if isinstance(f.meta.get("frame_id"), str) else None,
+                    "data": f.data,
+                    "pts_ms": protocol.number_or_none(f.meta.get("pts_ms")),
+                }
+                for f in selected
+            ],
+            "history": list(self.history),
+            "system_prompt": config.system_prompt,
+            "modalities": list(config.modalities),
+            "voice": config.voice,
+            "model": config.model,
+        }
+        if turn.question.strip():  # else the engine may transcribe first: input.transcript precedes response.start
+            await self._start_response(turn)
+        async with contextlib.aclosing(self.engine.stream(request, turn.request_id)) as stream:
+            async for chunk in stream:
+                kind = chunk["type"]
+                if kind == "end":
+                    await self._end_turn(turn, chunk)
+                    return
+                if kind == "transcript":
+                    turn.transcript = chunk["text"]
+                    await self._send_turn(turn, protocol.input_transcript(turn.transcript))
+                await self._start_response(turn)
+                if with_ids and not turn.consumed_sent:
+                    turn.consumed_sent = True
+                    consumed = protocol.frames_consumed(
+                        turn.request_id,
+                        [f.meta for f in selected],
+                        model_selected_ms=model_selected_ms,
+                        decoded_ready_ms=decoded_ready_ms,
+                    )
+                    await self._send_turn(turn, consumed)
+                if kind == "text":
+                    turn.text.append(chunk["delta"])
+                    if "text" in turn.modalities and chunk["delta"]:
+                        await self._send_turn(turn, protocol.text_delta(chunk["delta"]))
+                elif kind == "audio" and "audio" in turn.modalities and chunk["pcm"]:
+                    turn.audio_deltas += 1
+                    await self._send_turn(turn, protocol.audio_delta(chunk["pcm"]))
+                if self.client_stalled():
+                    logger.warning("closing a video session whose client stopped reading")
+                    await self.fail(
+                        f"Client is not reading: over {settings.SESSION_SEND_BUFFER_MAX} bytes queued; session closed"
+                    )
+                    return
+
+    async def _start_response(self, turn: _Turn) -> None:
+        if not turn.started:
+            turn.started = True
+            await self._send_turn(turn, protocol.response_start())
+
+    async def _end_turn(self, turn: _Turn, end: dict[str, Any]) -> None:
+        status = end.get("status")
+        if status == "ok":
+            answer = end.get("text")
+            text = answer if isinstance(answer, str) else "".join(turn.text)
+            transcript = end.get("transcript", turn.transcript)
+            await self._start_response(turn)
+            await self._send_turn(turn, protocol.text_done(text))
+            if turn.audio_deltas:
+                await self._send_turn(turn, protocol.audio_done())
+            heard = transcript if isinstance(transcript, str) else ""
+            question = turn.question if turn.question.strip() else heard
+            self._remember(question, text)
+        elif status == "cancelled" and turn.interrupted:
+            return
+        else:
+            # End messages are the engine's own fixed, client-safe texts (capacity, refusals, a lost
+            # worker, an upstream model that failed), never exception text.
+            message = end.get("message")
+            logger.warning("video turn %s ended with %s: %s", turn.request_id, status, message)
+            await self._turn_failed(
+                turn, message if isinstance(message, str) and message else "Query processing failed"
+            )
+
+    async def _turn_failed(self, turn: _Turn, message: str) -> None:
+        """Failures still close the response: error, then response.text.done with what was said, and
+        response.audio.done when audio had started (a player waiting for the end hears it)."""
+        await self._start_response(turn)
+        await self._send_turn(turn, protocol.error(message))
+        await self._send_turn(turn, protocol.text_done("".join(turn.text)))
+        if turn.audio_deltas:
+            await self._send_turn(turn, protocol.audio_done())
+
+    def _remember(self, question: str, answer: str) -> None:
+        self.history += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        keep = 2 * max(0, settings.VIDEO_HISTORY_TURNS)
+        del self.history[: max(0, len(self.history) - keep)]
+
+    async def _send_turn(self, turn: _Turn, payload: dict[str, Any]) -> None:
+        """An interrupted turn sends nothing more."""
+        if not turn.interrupted and self.state is not SessionState.CLOSED:
+            await self.send_json(payload)
+
+    # -- errors, timeouts, shutdown ----------------------------------------------------------------
+    async def _reject(self, message: str) -> None:
+        """Fatal before the first valid session.config, reported after it."""
+        if self.config is None:
+            await self.fail(message)
+        else:
+            await self.send_json(protocol.error(message))
+
+    async def fail(self, message: str) -> None:
+        await self.send_json(protocol.error(message))
+        await self._close_session()
+
+    async def _close_session(self) -> None:
+        if self.state is SessionState.CLOSED:
+            return
+        await self._shutdown()
+        await self.close()
+
+    async def _shutdown(self) -> None:
+        """Stop every task of the session (the active turn's engine request is aborted)."""
+        self.state = SessionState.CLOSED
+        current = asyncio.current_task()
+        turn = self.turn
+        if turn is not None and turn.task is not None and turn.task is not current and not turn.task.done():
+            turn.interrupted = True
+            await self.engine.abort(turn.request_id)
+            turn.task.cancel()
+        tasks = [t for t in [*self.tasks, turn.task if turn else None] if t is not None]
+        for task in tasks:
+            if task is not current and not task.done():
+                task.cancel()
+        await asyncio.gather(*(t for t in tasks if t is not current), return_exceptions=True)
+
+    def client_stalled(self) -> bool:
+        """True when the transport holds more unsent bytes than a session may queue (see transport.py)."""
+        probe = self.scope.get(SEND_BUFFER_PROBE)
+        queued = probe() if probe is not None else None
+        return queued is not None and queued > settings.SESSION_SEND_BUFFER_MAX
+
+    def touch(self) -> None:
+        """Restart the idle clock and wake the watchdog to re-read it."""
+        self.last_activity = asyncio.get_running_loop().time()
+        self.activity.set()
+
+    async def _watch_timeouts(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self.state is not SessionState.CLOSED:
+            self.activity.clear()
+            if self.state in (SessionState.ANSWERING, SessionState.FINISHING):
+                await self.activity.wait()  # no idle timeout while a turn streams or the session ends
+                continue
+            limit = settings.VIDEO_CONFIG_TIMEOUT if self.config is None else settings.VIDEO_IDLE_TIMEOUT
+            remaining = self.last_activity + limit - loop.time()
+            if remaining > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.activity.wait(), remaining)
+                continue
+            await self.fail("Timeout waiting for session.config" if self.config is None else "Idle timeout")
+            return
+
+    async def send_json(self, payload: dict[str, Any]) -> None:
+        metrics.count_error_message(payload)  # ops: omniweb_errors_total for every `error` sent
+        await self.send(text_data=json.dumps(payload))

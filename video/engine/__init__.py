@@ -1,0 +1,1 @@
+"""The video.turn pipeline: thinker (scene analyser or upstream model) → talker → vocoder."""

@@ -1,0 +1,250 @@
+"""The ``video.turn`` pipeline: thinker → talker → vocoder on the engine runtime.
+
+Request (built by the video transport; plain JSON values and bytes, so it also travels to workers)::
+
+    {"pipeline": "video.turn", "question": str, "audio": bytes (PCM16 LE 16 kHz mono),
+     "frames": [{"frame_id": str | None, "data": bytes, "pts_ms": number | None}, ...],
+     "history": [{"role": "user" | "assistant", "content": str}, ...], "system_prompt": str | None,
+     "modalities": ["text", "audio"], "voice": str | None, "model": str | None}
+
+Chunks, in order per kind: ``{"type": "transcript", "text"}`` (only when the question came from the
+audio, before any text); ``{"type": "text", "delta"}``; when "audio" is in the modalities the TTS
+loops' ``sentence.start`` / ``audio`` (PCM16 24 kHz) / ``sentence.end``, each sentence spoken as soon
+as the thinker has completed it; then the scheduler's ``end``. On success ``end`` carries ``text``
+(the whole answer) and ``transcript`` (when there was one). When the thinker fails in a way the
+client may hear about (the upstream server refused, timed out, sent garbage), ``end`` has
+``status: "error"`` and a client-safe ``message`` of ours, plus the ``text`` streamed so far.
+
+The thinker loop's first step transcribes the audio when the question is empty; then each step
+asks the thinker for its next deltas and hands every completed sentence to the talker (the
+talker's incremental mode), so the first sentence is spoken while the thinker still writes.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+
+from omniweb.engine.contracts import DONE, Done, ResourceEstimate, ShapeSignature, StepResult, Waiting, WorkPlan
+from speech.tts.loops import TEXT_IN, TEXT_IN_DONE, TalkerLoop, VocoderLoop, vocoder_backend
+from speech.tts.model import HibariTalker
+from video.asr import Transcriber, Transcription
+
+from .sentences import SentenceStream
+from .thinkers import Frame, Thinker, ThinkerError, ThinkerRun, Turn, make_thinker
+
+PIPELINE = "video.turn"
+MODALITIES = ("text", "audio")
+NOTHING_HEARD = "Sorry, I didn't catch a question in the audio."
+
+
+@dataclass
+class ThinkerState:
+    request: dict[str, Any]
+    slots: dict[str, Any]
+    speak: bool  # "audio" in modalities: hand sentences to the talker
+    listening: bool  # the question is still to be transcribed from the audio
+    transcription: Transcription | None = None
+    transcript: str | None = None
+    run: ThinkerRun | None = None
+    done: bool = False
+    error: str | None = None
+    text: list[str] = field(default_factory=list)
+    sentences: SentenceStream = field(default_factory=SentenceStream)
+
+
+@dataclass
+class _Thought:
+    """A thinking step's output; it carries the run only from the first step (see ``_think_plan``)."""
+
+    deltas: list[str]
+    done: bool
+    run: ThinkerRun | None = None  # the run the first step started
+    error: str | None = None
+
+
+class ThinkerLoop:
+    name = "thinker"
+
+    def __init__(self, thinker: Thinker, transcriber: Transcriber) -> None:
+        self._thinker = thinker
+        self._transcriber = transcriber
+
+    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> ThinkerState:
+        speak = "audio" in (request.get("modalities") or MODALITIES)
+        slots[TEXT_IN] = []
+        slots[TEXT_IN_DONE] = not speak  # text only: the talker and vocoder finish without a step
+        question = request.get("question") or ""
+        listening = not question.strip() and bool(request.get("audio"))
+        return ThinkerState(request=request, slots=slots, speak=speak, listening=listening)
+
+    def next(self, state: ThinkerState) -> WorkPlan | Done | Waiting:
+        if state.done:
+            return DONE
+        if state.listening:
+            return self._listen_plan(state)
+        return self._think_plan(state)
+
+    def _listen_plan(self, state: ThinkerState) -> WorkPlan:
+        transcription = state.transcription
+        audio: bytes = state.request["audio"]
+
+        def run() -> StepResult:
+            t = transcription if transcription is not None else self._transcriber.start(audio)
+            t.step()
+            chunks: list[dict[str, Any]] = []
+            if t.done:
+                chunks.append({"type": "transcript", "text": t.text})
+                if not t.text:  # nothing to answer: say so instead of asking the thinker
+                    chunks.append({"type": "text", "delta": NOTHING_HEARD})
+            return StepResult(output=t, chunks=chunks)
+
+        return WorkPlan(
+            kind="asr",
+            shape=ShapeSignature("asr"),
+            estimate=ResourceEstimate(compute_seconds=0.05 + len(audio) / 32_000 * 0.1),
+            run=run,
+            label="thinker.asr",
+        )
+
+    def _think_plan(self, state: ThinkerState) -> WorkPlan:
+        # Later steps reach the run through a weak reference: a step still queued when its request
+        # is aborted (release has closed the run) must not keep the run alive or use it.
+        ref = weakref.ref(state.run) if state.run is not None else None
+        turn = None if ref is not None else self._turn(state)
+        thinker = self._thinker
+
+        def run() -> StepResult:
+            started = None
+            if ref is None:
+                assert turn is not None
+                current = started = thinker.start(turn)
+            else:
+                found = ref()
+                if found is None:  # the request is gone
+                    return StepResult(output=_Thought([], True))
+                current = found
+            try:
+                deltas = current.step()
+            except ThinkerError as exc:
+                current.close()
+                return StepResult(output=_Thought([], True, started, str(exc)))
+            chunks = [{"type": "text", "delta": d} for d in deltas]
+            return StepResult(output=_Thought(deltas, current.done, started), chunks=chunks)
+
+        return WorkPlan(
+            kind="thinker",
+            shape=ShapeSignature(f"thinker.{thinker.name}"),
+            estimate=ResourceEstimate(compute_seconds=0.01),
+            run=run,
+            label="thinker.step",
+        )
+
+    def _turn(self, state: ThinkerState) -> Turn:
+        request = state.request
+        question = state.transcript if state.transcript is not None else request.get("question") or ""
+        return Turn(
+            question=question,
+            frames=[
+                Frame(frame_id=f.get("frame_id"), data=f["data"], pts_ms=f.get("pts_ms"))
+                for f in request.get("frames") or []
+            ],
+            history=list(request.get("history") or []),
+            system_prompt=request.get("system_prompt"),
+            model=request.get("model"),
+        )
+
+    def advance(self, state: ThinkerState, result: StepResult) -> None:
+        if state.listening:
+            t: Transcription = result.output
+            state.transcription = t
+            if t.done:
+                state.listening = False
+                state.transcript = t.text
+                if not t.text:
+                    self._add(state, [NOTHING_HEARD])
+                    self._finish(state)
+            return
+        thought: _Thought = result.output
+        if thought.run is not None:
+            state.run = thought.run
+        self._add(state, thought.deltas)
+        if thought.error is not None:
+            state.error = thought.error
+            state.done = True
+            state.slots[TEXT_IN_DONE] = True  # sentences already handed over are still spoken
+        elif thought.done:
+            self._finish(state)
+
+    def _add(self, state: ThinkerState, deltas: list[str]) -> None:
+        for delta in deltas:
+            state.text.append(delta)
+            if state.speak:
+                state.slots[TEXT_IN].extend(state.sentences.feed(delta))
+
+    def _finish(self, state: ThinkerState) -> None:
+        if state.speak:
+            state.slots[TEXT_IN].extend(state.sentences.flush())
+        state.slots[TEXT_IN_DONE] = True
+        state.done = True
+
+    def finalize(self, state: ThinkerState) -> dict[str, Any]:
+        self.release(state)
+        return {"text": "".join(state.text), "transcript": state.transcript, "error": state.error}
+
+    def release(self, state: ThinkerState) -> None:
+        """Close an upstream stream now, also when the turn is interrupted (the scheduler calls this)."""
+        if state.run is not None:
+            state.run.close()
+
+
+class VideoTurnPipeline:
+    """thinker → talker → vocoder for ``{"pipeline": "video.turn", ...}`` requests."""
+
+    name = PIPELINE
+
+    def __init__(self) -> None:
+        self.talker = HibariTalker()
+        self.thinker = make_thinker()
+        self.transcriber = Transcriber()
+        self.loops = (
+            ThinkerLoop(self.thinker, self.transcriber),
+            TalkerLoop(self.talker, settings.TALKER_LOOKAHEAD, incremental=True),
+            VocoderLoop(settings.VOCODER_CHUNK_FRAMES, settings.VOCODER_FIRST_CHUNK_FRAMES, vocoder_backend()),
+        )
+
+    def validate(self, request: dict[str, Any]) -> None:
+        if not isinstance(request.get("question", ""), str):
+            raise ValueError("question must be a string")
+        if not isinstance(request.get("audio", b""), bytes):
+            raise ValueError("audio must be PCM16 bytes")
+        frames = request.get("frames", [])
+        if not isinstance(frames, list) or not all(
+            isinstance(f, dict) and isinstance(f.get("data"), bytes) and f["data"] for f in frames
+        ):
+            raise ValueError("frames must be a list of {frame_id, data, pts_ms} with image bytes")
+        history = request.get("history") or []
+        if not isinstance(history, list) or not all(
+            isinstance(h, dict) and h.get("role") in ("user", "assistant") and isinstance(h.get("content"), str)
+            for h in history
+        ):
+            raise ValueError("history must be a list of {role: user|assistant, content: str}")
+        modalities = request.get("modalities") or list(MODALITIES)
+        if not isinstance(modalities, list) or not set(modalities) <= set(MODALITIES):
+            raise ValueError("modalities must be a subset of ['text', 'audio']")
+        voice = request.get("voice")
+        if voice is not None and voice not in self.talker.caps.voices:
+            raise ValueError(f"Unknown voice '{voice}'; available voices: {', '.join(self.talker.caps.voices)}")
+
+    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
+        thought = finals[0]
+        out: dict[str, Any] = {"text": thought["text"]}
+        if thought["transcript"] is not None:
+            out["transcript"] = thought["transcript"]
+        if thought["error"] is not None:
+            # The scheduler spreads these fields over its {"status": "ok"} end chunk.
+            out.update(status="error", message=thought["error"])
+        return out

@@ -1,0 +1,122 @@
+"""The thinker interface: a turn in, the answer out as text deltas, a step at a time.
+
+The thinker loop calls ``start`` once per turn and then ``step`` once per engine step until the run
+is ``done``, so the scheduler can interleave turns with other work and drop a turn between any two
+steps. Two implementations, chosen by ``OMNIWEB_VIDEO_THINKER``: ``scene`` (offline, measures the
+frames with OpenCV) and ``upstream`` (an OpenAI-compatible chat-completions server with image input).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from . import answers, scene
+
+WORDS_PER_DELTA = 4  # the scene thinker streams each sentence in deltas of a few words
+
+
+@dataclass(frozen=True)
+class Frame:
+    frame_id: str | None
+    data: bytes  # JPEG/PNG as received (the transport has checked that it decodes)
+    pts_ms: float | None
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What a thinker answers: the question, the sampled frames (oldest first) and the conversation."""
+
+    question: str  # "" means: say what you see
+    frames: list[Frame]
+    history: list[dict[str, Any]] = field(default_factory=list)  # [{"role", "content"}], oldest first
+    system_prompt: str | None = None
+    model: str | None = None
+
+
+class ThinkerError(Exception):
+    """A failure whose message is safe to show the client (no internals, no exception text)."""
+
+
+class ThinkerRun(Protocol):
+    """One turn being answered."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def step(self) -> list[str]:
+        """The next text deltas ([] is allowed while waiting); raises ``ThinkerError``."""
+        ...
+
+    def close(self) -> None:
+        """Release what the run holds (an upstream HTTP stream); safe to call twice."""
+        ...
+
+
+class Thinker(Protocol):
+    name: str
+
+    def start(self, turn: Turn) -> ThinkerRun:
+        """Begin a turn; runs on an engine worker (it may block briefly, e.g. to connect)."""
+        ...
+
+
+class SceneThinker:
+    """Answers from OpenCV measurements of the frames; nothing it says is guessed."""
+
+    name = "scene"
+
+    def __init__(self) -> None:
+        scene.warm_up()  # cascade loaded and first-call costs paid before the first request
+
+    def start(self, turn: Turn) -> SceneRun:
+        return SceneRun(turn)
+
+
+class SceneRun:
+    """Step 1 measures the frames and streams the first sentence; each later step streams one more."""
+
+    def __init__(self, turn: Turn) -> None:
+        self._turn = turn
+        self._sentences: deque[str] | None = None
+        self._first = True
+
+    @property
+    def done(self) -> bool:
+        return self._sentences is not None and not self._sentences
+
+    def step(self) -> list[str]:
+        if self._sentences is None:
+            turn = self._turn
+            measured = scene.analyse([f.data for f in turn.frames], [f.pts_ms for f in turn.frames])
+            self._sentences = deque(answers.answer(turn.question, turn.history, measured))
+        if not self._sentences:
+            return []
+        sentence = self._sentences.popleft()
+        if not self._first:
+            sentence = " " + sentence  # the answer's text is the sentences joined by spaces
+        self._first = False
+        words = sentence.split(" ")
+        return [
+            " ".join(words[i : i + WORDS_PER_DELTA]) + (" " if i + WORDS_PER_DELTA < len(words) else "")
+            for i in range(0, len(words), WORDS_PER_DELTA)
+        ]
+
+    def close(self) -> None:
+        self._sentences = deque()
+
+
+def make_thinker() -> Thinker:
+    """The thinker ``OMNIWEB_VIDEO_THINKER`` names; a bad configuration is a start-up error."""
+    kind = settings.VIDEO_THINKER.strip().lower()
+    if kind == "scene":
+        return SceneThinker()
+    if kind == "upstream":
+        from .upstream import UpstreamThinker
+
+        return UpstreamThinker.from_settings()
+    raise ImproperlyConfigured(f"OMNIWEB_VIDEO_THINKER must be 'scene' or 'upstream', not {settings.VIDEO_THINKER!r}")

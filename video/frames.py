@@ -1,0 +1,213 @@
+"""Video frames: strict base64, header checks, decoding, thumbnails, the similarity filter, sampling.
+
+Pure functions over bytes and numpy arrays (no sockets, no event loop); the consumer runs the
+costly ones (``prepare_frame``, ``verify_decodes``) in a thread.
+
+The similarity (EVS) filter compares a small colour thumbnail of each frame with the thumbnail of
+the last frame it retained: ``similarity = 1 - MSE / 255**2`` over the thumbnail's 8-bit BGR
+values, and a frame is dropped when ``similarity >= threshold``. In pixel terms the threshold is a
+root-mean-square difference per channel value: ``rms = 255 * sqrt(1 - threshold)``; a frame is kept
+when its thumbnail differs from the last kept one by more than that (e.g. 1 % of the picture
+changing by ``10 * rms`` levels). The seed's 0.95 is an RMS of 57 levels: on camera-like frames it
+drops a person leaving the room or the camera panning, and keeps little more than a cut to another
+scene or the lights going down. Our default, 0.9996, is an RMS of 5.1 levels: the geometric middle
+between the largest difference a still camera makes on its own (sensor noise in a dark room,
+exposure flicker: at most 3.1 levels after the thumbnail's averaging) and the smallest real movement
+measured (a person raising a hand: 8.1 levels). Because frames are compared with the last retained
+one, slow drift is kept once it adds up. ``bench/video_latency.py --filter`` measures every case;
+docs/benchmarks.md has the table.
+"""
+
+from __future__ import annotations
+
+import binascii
+import math
+import struct
+from dataclasses import dataclass
+from typing import Literal
+
+import cv2
+import numpy as np
+
+THUMB_WIDTH, THUMB_HEIGHT = 64, 48  # the filter's thumbnail: 3072 pixels, enough to see a hand move
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+JPEG_SOI = b"\xff\xd8\xff"
+# JPEG start-of-frame markers (baseline, progressive, lossless, arithmetic); not DHT/JPG/DAC.
+_JPEG_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+_JPEG_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM and RST0-7 carry no length
+_JPEG_SOS, _JPEG_EOI = 0xDA, 0xD9
+
+
+class FrameError(Exception):
+    """A frame the server will not take; ``message`` is safe to send to the client."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    format: Literal["jpeg", "png"]
+    width: int
+    height: int
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+@dataclass(frozen=True)
+class PreparedFrame:
+    """A frame's bytes after the checks on the acknowledgement path, with its filter thumbnail."""
+
+    data: bytes
+    header: ImageHeader
+    thumbnail: np.ndarray | None
+
+
+def decode_base64_strict(text: str) -> bytes:
+    """RFC 4648 base64 with padding and no stray characters (whitespace included)."""
+    try:
+        return binascii.a2b_base64(text, strict_mode=True)
+    except (binascii.Error, ValueError):
+        raise FrameError("Invalid image data") from None
+
+
+def read_header(data: bytes) -> ImageHeader:
+    """Format and dimensions from the JPEG/PNG header alone, without decoding any pixels."""
+    if data.startswith(PNG_SIGNATURE):
+        # The IHDR chunk must come first: length 13, type, width, height (big-endian).
+        if len(data) < 24 or data[12:16] != b"IHDR":
+            raise FrameError("Invalid image data")
+        width, height = struct.unpack(">II", data[16:24])
+        return _checked(ImageHeader("png", width, height))
+    if data.startswith(JPEG_SOI):
+        return _checked(_jpeg_header(data))
+    raise FrameError("Invalid image data: frames must be JPEG or PNG")
+
+
+def _jpeg_header(data: bytes) -> ImageHeader:
+    pos = 2
+    end = len(data)
+    while pos < end:
+        if data[pos] != 0xFF:
+            raise FrameError("Invalid image data")
+        while pos < end and data[pos] == 0xFF:  # fill bytes before a marker
+            pos += 1
+        if pos >= end:
+            break
+        marker = data[pos]
+        pos += 1
+        if marker in _JPEG_STANDALONE:
+            continue
+        if marker in (_JPEG_SOS, _JPEG_EOI) or pos + 2 > end:
+            break  # scan data before any frame header
+        (length,) = struct.unpack(">H", data[pos : pos + 2])
+        if length < 2:
+            break
+        if marker in _JPEG_SOF:
+            if pos + 7 > end:
+                break
+            height, width = struct.unpack(">HH", data[pos + 3 : pos + 7])
+            return ImageHeader("jpeg", width, height)
+        pos += length
+    raise FrameError("Invalid image data")
+
+
+def _checked(header: ImageHeader) -> ImageHeader:
+    if header.width <= 0 or header.height <= 0:
+        raise FrameError("Invalid image data")
+    return header
+
+
+def check_pixels(header: ImageHeader, max_pixels: int) -> None:
+    """The decompression-bomb guard: refuse before decoding what would not fit the budget."""
+    if header.pixels > max_pixels:
+        raise FrameError(
+            f"Frame too large: {header.width}x{header.height} pixels exceeds the limit of {max_pixels} pixels"
+        )
+
+
+def _reduced_flag(header: ImageHeader) -> int:
+    """The largest JPEG DCT scaling that still leaves at least twice the thumbnail's size."""
+    if header.format == "jpeg":
+        for factor, flag in ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4)):
+            if header.width >= factor * THUMB_WIDTH * 2 and header.height >= factor * THUMB_HEIGHT * 2:
+                return flag
+        if header.width >= 2 * THUMB_WIDTH * 2 and header.height >= 2 * THUMB_HEIGHT * 2:
+            return cv2.IMREAD_REDUCED_COLOR_2
+    return cv2.IMREAD_COLOR
+
+
+def _imdecode(data: bytes, flag: int) -> np.ndarray:
+    image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flag | cv2.IMREAD_IGNORE_ORIENTATION)
+    if image is None or image.ndim != 3 or image.shape[2] != 3:
+        raise FrameError("Frame decode failed")
+    return image
+
+
+def thumbnail(data: bytes, header: ImageHeader) -> np.ndarray:
+    """THUMB_WIDTH x THUMB_HEIGHT colour thumbnail (area-averaged, which also averages out noise)."""
+    image = _imdecode(data, _reduced_flag(header))
+    return cv2.resize(image, (THUMB_WIDTH, THUMB_HEIGHT), interpolation=cv2.INTER_AREA)
+
+
+def prepare_frame(text: str, *, max_pixels: int, with_thumbnail: bool) -> PreparedFrame:
+    """Everything a ``video.frame`` needs before its acknowledgement (run in a thread)."""
+    data = decode_base64_strict(text)
+    header = read_header(data)
+    check_pixels(header, max_pixels)
+    thumb = None
+    if with_thumbnail:
+        try:
+            thumb = thumbnail(data, header)
+        except FrameError:
+            raise FrameError("Invalid image data") from None
+    return PreparedFrame(data=data, header=header, thumbnail=thumb)
+
+
+def verify_decodes(data: bytes) -> bool:
+    """Full decode, as the thinker will do it: False for a frame no decoder can read."""
+    try:
+        _imdecode(data, cv2.IMREAD_COLOR)
+    except FrameError:
+        return False
+    return True
+
+
+def similarity(a: np.ndarray, b: np.ndarray) -> float:
+    """``1 - MSE/255²`` of two equal-shape uint8 images (1.0: identical)."""
+    diff = a.astype(np.float32) - b.astype(np.float32)
+    return 1.0 - float(np.mean(diff * diff)) / (255.0 * 255.0)
+
+
+def threshold_rms_levels(threshold: float) -> float:
+    """The RMS difference (in 8-bit levels) at which a frame starts to count as changed."""
+    return 255.0 * math.sqrt(max(0.0, 1.0 - threshold))
+
+
+class SimilarityFilter:
+    """Drops frames whose thumbnail is at least ``threshold`` similar to the last retained one."""
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+        self.last: np.ndarray | None = None
+        self.retained = 0
+        self.dropped = 0
+
+    def should_retain(self, thumb: np.ndarray) -> bool:
+        if self.last is not None and similarity(thumb, self.last) >= self.threshold:
+            self.dropped += 1
+            return False
+        self.last = thumb
+        self.retained += 1
+        return True
+
+
+def sample_indices(count: int, num_frames: int) -> list[int]:
+    """Which of ``count`` buffered frames the thinker sees: an even stride, always ending on the newest."""
+    if count <= num_frames:
+        return list(range(count))
+    stride = max(1, count // num_frames)
+    return [i * stride for i in range(num_frames - 1)] + [count - 1]
