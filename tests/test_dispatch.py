@@ -190,7 +190,8 @@ def terminate(stack: Stack, name: str, within: float) -> float:
 async def test_sigterm_lets_running_requests_finish_and_new_ones_go_elsewhere(stack):
     client = client_for(stack)
     logs: list[list[tuple[float, dict[str, Any]]]] = [[] for _ in range(4)]
-    text = "Three short sentences. Each one is spoken. Then the stream ends."
+    # Long enough for a heartbeat to show the work (a few seconds), well inside the 10 s drain.
+    text = " ".join(f"Sentence {i} of a stream that the stopping worker finishes." for i in range(10))
     tasks = [asyncio.ensure_future(collect(client, request(text), log)) for log in logs]
     while not all(log for log in logs):
         await asyncio.sleep(0.02)
@@ -198,7 +199,7 @@ async def test_sigterm_lets_running_requests_finish_and_new_ones_go_elsewhere(st
     await asyncio.to_thread(terminate, stack, victim, 15)
     await asyncio.wait_for(asyncio.gather(*tasks), 30)
     assert [ended(log)["status"] for log in logs] == ["ok"] * 4
-    assert all(ended(log)["total_sentences"] == 3 for log in logs)
+    assert all(ended(log)["total_sentences"] == 10 for log in logs)
     again: list[tuple[float, dict[str, Any]]] = []
     await asyncio.wait_for(collect(client, request("After a clean stop."), again), 20)
     assert ended(again)["status"] == "ok"

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import soundfile
 from conftest import Sentence, Transcript, expect_silence, session, speak
+from hibari import Hibari
 
 SAMPLE_RATE = 24000
 FOX = "The quick brown fox jumps over the lazy dog."
@@ -332,15 +333,19 @@ async def test_word_timestamps_need_stream_audio(connect, fields):
 
 
 async def test_word_timestamps_across_model_segments(connect):
-    # One sentence too long for a single model call: hibari cuts it into several segments.
-    clause = "the big brown dog and the small grey cat walked along the river bank while the sun went down and"
+    # One sentence too long for a single model call: hibari cuts it at clause punctuation into
+    # several segments (over 400 phonemes; without commas it would stay one long segment).
+    clause = "the big brown dog, and the small grey cat, walked along the river bank, while the sun went down, and"
     text = " ".join([clause] * 6) + " then it was night."
+    assert len(Hibari().phonemize(text)) >= 2, "the premise: the model speaks it in several segments"
     comm = await session(connect, response_format="pcm", stream_audio=True, word_timestamps=True)
     t = await speak(comm, text)
     [s] = assert_well_formed(t)
     words = check_timestamp_sentence(s)
     assert [w["word"] for w in words] == text.split()
     assert all(w["end_ms"] > w["start_ms"] for w in words), "every spoken word has a real extent"
+    starts = [w["start_ms"] for w in words]
+    assert starts == sorted(starts), "the second segment's words follow the first's"
 
 
 # -- concurrency -----------------------------------------------------------------------------------
