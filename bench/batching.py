@@ -53,6 +53,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from harvard import HARVARD  # noqa: E402  (bench/ is on the path when run as a script)
+
 from speech.tts.vocoder import (  # noqa: E402
     HOP,
     NUMPY_BACKEND,
@@ -68,25 +70,7 @@ TARGET_RATIO = 4.0
 AUDIO_TOL = 1e-4  # max abs difference allowed between modes and backends
 perf = time.perf_counter
 
-# Harvard sentences (IEEE 1969), lists 1 and 2: public domain, similar length and difficulty.
-SENTENCES = [
-    "The birch canoe slid on the smooth planks.",
-    "Glue the sheet to the dark blue background.",
-    "It's easy to tell the depth of a well.",
-    "These days a chicken leg is a rare dish.",
-    "Rice is often served in round bowls.",
-    "The juice of lemons makes fine punch.",
-    "The box was thrown beside the parked truck.",
-    "The hogs were fed chopped corn and garbage.",
-    "Four hours of steady work faced us.",
-    "A large size in stockings is hard to sell.",
-    "The boy was there when the sun rose.",
-    "A rod is used to catch pink salmon.",
-    "The source of the huge river is the clear spring.",
-    "Kick the ball straight and follow through.",
-    "Help the woman get back to her feet.",
-    "A pot of tea helps to pass the evening.",
-]
+SENTENCES = HARVARD[:16]  # one per session
 
 NetOut = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 

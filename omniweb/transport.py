@@ -40,3 +40,10 @@ def send_buffer_probe(application: Any) -> Callable[..., Any]:
         return await application(scope, receive, send)
 
     return app
+
+
+def client_stalled(scope: dict[str, Any], limit: int) -> bool:
+    """True when the socket's transport holds more than ``limit`` unsent bytes (never under other servers)."""
+    probe = scope.get(SCOPE_KEY)
+    queued = probe() if probe is not None else None
+    return queued is not None and queued > limit

@@ -26,7 +26,8 @@ from django.conf import settings
 from omniweb import metrics  # ops instrumentation: errors sent, time to first audio
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
-from omniweb.transport import SCOPE_KEY as SEND_BUFFER_PROBE
+from omniweb.sessions import SessionClock
+from omniweb.transport import client_stalled
 
 from . import protocol
 from .codec import wire
@@ -93,10 +94,16 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         # the config clock only starts once the session can be served.
         self.engine: EngineClient = await asyncio.to_thread(get_engine_client)
         self.caps = capabilities()
-        self.activity = asyncio.Event()
-        self.last_activity = asyncio.get_running_loop().time()
+        self.clock = SessionClock(
+            config_timeout=settings.SPEECH_CONFIG_TIMEOUT,
+            idle_timeout=settings.SPEECH_IDLE_TIMEOUT,
+            configured=lambda: self.config is not None,
+            paused=lambda: self.state is SessionState.GENERATING,  # an utterance streams
+            closed=lambda: self.state is SessionState.CLOSED,
+            on_timeout=self.on_timeout,
+        )
         await self.accept()
-        self.watchdog = asyncio.ensure_future(self._watch_timeouts())
+        self.watchdog = asyncio.ensure_future(self.clock.run())
         self.handlers: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
             "input.text": self.on_input_text,
             "input.done": self.on_input_done,
@@ -116,7 +123,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
 
     # -- the single reader -------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        self.touch()
+        self.clock.touch()
         if self.state is SessionState.CLOSED:
             return
         generating = self.state is SessionState.GENERATING
@@ -271,7 +278,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         if self.state is SessionState.CLOSED:
             return
         self.state = SessionState.READY
-        self.touch()  # the idle clock restarts when the utterance ends
+        self.clock.touch()  # the idle clock restarts when the utterance ends
         await self._replay_pending()
 
     async def _replay_pending(self) -> None:
@@ -455,32 +462,12 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
 
     def client_stalled(self) -> bool:
         """True when the transport holds more unsent bytes than a session may queue (see transport.py)."""
-        probe = self.scope.get(SEND_BUFFER_PROBE)
-        queued = probe() if probe is not None else None
-        return queued is not None and queued > settings.SESSION_SEND_BUFFER_MAX
+        return client_stalled(self.scope, settings.SESSION_SEND_BUFFER_MAX)
 
-    def touch(self) -> None:
-        """Restart the idle clock and wake the watchdog to re-read it."""
-        self.last_activity = asyncio.get_running_loop().time()
-        self.activity.set()
-
-    async def _watch_timeouts(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self.state is not SessionState.CLOSED:
-            self.activity.clear()
-            if self.state is SessionState.GENERATING:
-                await self.activity.wait()  # no idle timeout while an utterance streams
-                continue
-            limit = settings.SPEECH_CONFIG_TIMEOUT if self.config is None else settings.SPEECH_IDLE_TIMEOUT
-            remaining = self.last_activity + limit - loop.time()
-            if remaining > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.activity.wait(), remaining)
-                continue
-            if self.config is None:
-                await self.fail("Timeout waiting for session.config")
-            else:
-                await self.fail("Idle timeout: no message received")
+    async def on_timeout(self, awaiting_config: bool) -> None:
+        await self.fail(
+            "Timeout waiting for session.config" if awaiting_config else "Idle timeout: no message received"
+        )
 
     async def send_json(self, payload: dict[str, Any]) -> None:
         metrics.count_error_message(payload)  # ops: omniweb_errors_total for every `error` sent

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from omniweb.protocol import ProtocolError, describe_validation_error
+
 SAMPLE_RATE = 24000
 BYTES_PER_SAMPLE = 2  # 16-bit mono PCM
 MAX_CONFIG_MESSAGE_SIZE = 4 * 1024 * 1024  # room for ref_audio payloads
@@ -88,14 +90,6 @@ class Capabilities:
     response_formats: tuple[str, ...]
 
 
-class ProtocolError(Exception):
-    """A client mistake; ``message`` is safe to send to the client."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
 def parse_message(raw: str) -> dict[str, Any]:
     """Decode one client text message, enforcing the per-type size limits."""
     if len(raw) > max(MAX_CONFIG_MESSAGE_SIZE, MAX_OTHER_MESSAGE_SIZE):
@@ -114,21 +108,12 @@ def parse_message(raw: str) -> dict[str, Any]:
     return msg
 
 
-def _describe(exc: ValidationError) -> str:
-    """Field-level reasons without echoing the (possibly huge) input values back."""
-    parts = []
-    for err in exc.errors(include_url=False, include_input=False):
-        where = ".".join(str(p) for p in err["loc"]) or "config"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
-
-
 def build_config(msg: dict[str, Any], caps: Capabilities) -> SessionConfig:
     """Validate a session.config message, then check it against what the model can honour."""
     try:
         config = SessionConfig.model_validate({k: v for k, v in msg.items() if k != "type"})
     except ValidationError as exc:
-        raise ProtocolError(f"Invalid session config: {_describe(exc)}") from None
+        raise ProtocolError(f"Invalid session config: {describe_validation_error(exc)}") from None
     check_capabilities(config, caps)
     return config
 

@@ -18,7 +18,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,6 +266,40 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+DAPHNE_ARGS = ["--websocket-max-message-size", "16777216", "--websocket-max-frame-size", "16777216"]
+
+
+@contextlib.contextmanager
+def live_server(args: list[str], port: int, **env: str) -> Iterator[str]:
+    """The app served by ``python <args>`` (runserver or daphne) on a loopback port.
+
+    Yields the base URL (``http://127.0.0.1:<port>``) once /healthz says the engine has loaded:
+    daphne drops a WebSocket handshake that waits over 5 s, so no session may race the model load.
+    The server's output goes to a file (a pipe nobody reads would block a chatty server).
+    """
+    full_env = {**os.environ, "DJANGO_SETTINGS_MODULE": "omniweb.settings", "PYTHONUNBUFFERED": "1", **env}
+    full_env.pop("OMNIWEB_REDIS_URL", None)
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 90
+            while True:
+                try:
+                    with urllib.request.urlopen(base + "/healthz", timeout=2) as resp:
+                        if json.loads(resp.read())["engine"]["local_started"]:
+                            break
+                except (OSError, ValueError, KeyError):
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    pytest.fail(f"{' '.join(args)} did not start:\n{log.read().decode(errors='replace')}")
+                time.sleep(0.2)
+            yield base
+        finally:
+            _stop([proc])
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:

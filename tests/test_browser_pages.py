@@ -11,19 +11,15 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port
+from conftest import free_port, live_server
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
@@ -43,38 +39,14 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium
 
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
+    """daphne as a deployment runs it, pacing audio 2 s ahead so cancels land mid-stream.
+
+    The page's origin must be an allowed host, as in the README: 127.0.0.1.
+    """
     port = free_port()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "omniweb.settings",
-        "PYTHONUNBUFFERED": "1",
-        "OMNIWEB_ENGINE_MAX_AHEAD_SECONDS": "2",
-    }
-    cmd = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "omniweb.asgi:application"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                proc.kill()
-                pytest.fail(f"daphne did not start:\n{out}")
-            time.sleep(0.2)
-    url = f"http://127.0.0.1:{port}"  # the page's origin must be an allowed host, as in the README
-    # The server preloads the models as it starts; a session waits for that, so the tests do too.
-    while not json.loads(urllib.request.urlopen(url + "/healthz", timeout=5).read())["engine"]["local_started"]:
-        if time.monotonic() > deadline:
-            pytest.fail("the engine did not start within 60 s")
-        time.sleep(0.2)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    args = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "omniweb.asgi:application"]
+    with live_server(args, port, OMNIWEB_ENGINE_MAX_AHEAD_SECONDS="2") as base:
+        yield base
 
 
 @pytest.fixture(scope="module")

@@ -5,27 +5,20 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
 import wave
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 import websockets
-from conftest import free_port
+from conftest import DAPHNE_ARGS, ROOT, free_port, live_server
 
-ROOT = Path(__file__).resolve().parent.parent
 SERVERS = {
-    "runserver": [sys.executable, "manage.py", "runserver", "127.0.0.1:{port}", "--noreload"],
+    "runserver": ["manage.py", "runserver", "127.0.0.1:{port}", "--noreload"],
     "daphne": [
-        sys.executable, "-m", "daphne",
-        "--websocket-max-message-size", "16777216", "--websocket-max-frame-size", "16777216",
-        "--proxy-headers", "-b", "127.0.0.1", "-p", "{port}", "omniweb.asgi:application",
+        "-m", "daphne", *DAPHNE_ARGS, "--proxy-headers", "-b", "127.0.0.1", "-p", "{port}", "omniweb.asgi:application",
     ],
 }  # fmt: skip
 
@@ -33,26 +26,8 @@ SERVERS = {
 @pytest.fixture(scope="module", params=sorted(SERVERS))
 def server(request) -> Iterator[str]:
     port = free_port()
-    cmd = [part.format(port=port) for part in SERVERS[request.param]]
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "omniweb.settings", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                proc.kill()
-                pytest.fail(f"{request.param} did not start:\n{out}")
-            time.sleep(0.2)
-    yield f"ws://127.0.0.1:{port}/v1/audio/speech/stream"
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with live_server([part.format(port=port) for part in SERVERS[request.param]], port) as base:
+        yield base.replace("http://", "ws://") + "/v1/audio/speech/stream"
 
 
 async def converse(url: str, config: dict, texts: list[str]) -> list[object]:

@@ -31,6 +31,7 @@ from conftest import (
     expect_error,
     expect_silence,
     free_port,
+    live_server,
     receive_until,
     receive_until_done,
     session,
@@ -525,32 +526,11 @@ async def test_codec_modes_are_refused_at_flush_when_the_table_is_bad(connect, m
 
 
 @pytest.fixture(scope="module")
-def daphne(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def daphne() -> Iterator[str]:
     """A daphne serving the app on a free loopback port, with its models loaded."""
     port = free_port()
-    cmd = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "omniweb.asgi:application"]
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "omniweb.settings", "PYTHONUNBUFFERED": "1"}
-    env.pop("OMNIWEB_REDIS_URL", None)
-    log = tmp_path_factory.mktemp("daphne") / "daphne.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"ws://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:  # the models preload while daphne starts: sessions are served once they are in
-        try:
-            asyncio.run(_server_pcm(url, "Ready."))
-            break
-        except (OSError, websockets.exceptions.WebSocketException, TimeoutError):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"daphne did not serve a session:\n{log.read_text()}")
-            time.sleep(0.5)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with live_server(["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "omniweb.asgi:application"], port) as base:
+        yield base.replace("http://", "ws://")
 
 
 async def _server_pcm(url: str, text: str) -> bytes:

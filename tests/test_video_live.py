@@ -8,10 +8,6 @@ import asyncio
 import base64
 import io
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 import wave
 from collections.abc import Iterator
@@ -20,38 +16,18 @@ import numpy as np
 import pytest
 import websockets
 from camera_scenes import room, shoot, with_person
-from conftest import free_port
+from conftest import free_port, live_server
 from scipy.signal import resample_poly
 from websockets.exceptions import InvalidHandshake, InvalidMessage
 
 from video import protocol
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     port = free_port()
-    cmd = [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"]
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "omniweb.settings", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                proc.kill()
-                pytest.fail(f"runserver did not start:\n{out}")
-            time.sleep(0.2)
-    yield f"ws://127.0.0.1:{port}"
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with live_server(["manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"], port) as base:
+        yield base.replace("http://", "ws://")
 
 
 async def open_ws(url: str):

@@ -34,7 +34,8 @@ from django.conf import settings
 from omniweb import metrics  # ops instrumentation: errors sent
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
-from omniweb.transport import SCOPE_KEY as SEND_BUFFER_PROBE
+from omniweb.sessions import SessionClock
+from omniweb.transport import client_stalled
 from speech.tts.model import capabilities
 
 from . import frames, protocol
@@ -116,10 +117,17 @@ class VideoStreamConsumer(AsyncWebsocketConsumer):
         # clock only starts once the session can be served.
         self.engine: EngineClient = await asyncio.to_thread(get_engine_client)
         self.caps = capabilities()
-        self.activity = asyncio.Event()
-        self.last_activity = asyncio.get_running_loop().time()
+        self.clock = SessionClock(
+            config_timeout=settings.VIDEO_CONFIG_TIMEOUT,
+            idle_timeout=settings.VIDEO_IDLE_TIMEOUT,
+            configured=lambda: self.config is not None,
+            # no idle timeout while a turn streams or the session finishes
+            paused=lambda: self.state in (SessionState.ANSWERING, SessionState.FINISHING),
+            closed=lambda: self.state is SessionState.CLOSED,
+            on_timeout=self.on_timeout,
+        )
         await self.accept()
-        self.tasks.append(asyncio.ensure_future(self._watch_timeouts()))
+        self.tasks.append(asyncio.ensure_future(self.clock.run()))
         self.handlers: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
             "video.frame": self.on_video_frame,
             "audio.chunk": self.on_audio_chunk,
@@ -135,7 +143,7 @@ class VideoStreamConsumer(AsyncWebsocketConsumer):
     # -- the single reader -------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         received_ms = now_ms()
-        self.touch()
+        self.clock.touch()
         if self.state in (SessionState.CLOSED, SessionState.FINISHING):
             return  # nothing after video.done is read, as in the seed
         if text_data is None:
@@ -348,7 +356,7 @@ class VideoStreamConsumer(AsyncWebsocketConsumer):
                 self.turn = None
                 if self.state is SessionState.ANSWERING:
                     self.state = SessionState.READY
-                self.touch()  # the idle clock restarts when the turn ends
+                self.clock.touch()  # the idle clock restarts when the turn ends
 
     async def _answer(self, turn: _Turn, config: VideoSessionConfig, audio: bytes) -> None:
         for frame in turn.snapshot:
@@ -498,30 +506,10 @@ class VideoStreamConsumer(AsyncWebsocketConsumer):
 
     def client_stalled(self) -> bool:
         """True when the transport holds more unsent bytes than a session may queue (see transport.py)."""
-        probe = self.scope.get(SEND_BUFFER_PROBE)
-        queued = probe() if probe is not None else None
-        return queued is not None and queued > settings.SESSION_SEND_BUFFER_MAX
+        return client_stalled(self.scope, settings.SESSION_SEND_BUFFER_MAX)
 
-    def touch(self) -> None:
-        """Restart the idle clock and wake the watchdog to re-read it."""
-        self.last_activity = asyncio.get_running_loop().time()
-        self.activity.set()
-
-    async def _watch_timeouts(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self.state is not SessionState.CLOSED:
-            self.activity.clear()
-            if self.state in (SessionState.ANSWERING, SessionState.FINISHING):
-                await self.activity.wait()  # no idle timeout while a turn streams or the session ends
-                continue
-            limit = settings.VIDEO_CONFIG_TIMEOUT if self.config is None else settings.VIDEO_IDLE_TIMEOUT
-            remaining = self.last_activity + limit - loop.time()
-            if remaining > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.activity.wait(), remaining)
-                continue
-            await self.fail("Timeout waiting for session.config" if self.config is None else "Idle timeout")
-            return
+    async def on_timeout(self, awaiting_config: bool) -> None:
+        await self.fail("Timeout waiting for session.config" if awaiting_config else "Idle timeout")
 
     async def send_json(self, payload: dict[str, Any]) -> None:
         metrics.count_error_message(payload)  # ops: omniweb_errors_total for every `error` sent

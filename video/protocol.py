@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from omniweb.protocol import ProtocolError, describe_validation_error
 from speech.protocol import Capabilities
 
 MAX_FRAME_SIZE = 10 * 1024 * 1024  # characters of a frame's base64 ``data``
@@ -59,23 +60,6 @@ class VideoSessionConfig(BaseModel):
         return list(dict.fromkeys(value))
 
 
-class ProtocolError(Exception):
-    """A client mistake; ``message`` is safe to send to the client."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-def _describe(exc: ValidationError) -> str:
-    """Field-level reasons without echoing the input values back."""
-    parts = []
-    for err in exc.errors(include_url=False, include_input=False):
-        where = ".".join(str(p) for p in err["loc"]) or "config"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
-
-
 def parse_config(raw: str, caps: Capabilities) -> VideoSessionConfig:
     """The first message: it must be a valid ``session.config`` (any failure ends the session)."""
     try:
@@ -88,7 +72,7 @@ def parse_config(raw: str, caps: Capabilities) -> VideoSessionConfig:
     try:
         config = VideoSessionConfig.model_validate({k: v for k, v in msg.items() if k != "type"})
     except ValidationError as exc:
-        raise ProtocolError(f"Invalid session config: {_describe(exc)}") from None
+        raise ProtocolError(f"Invalid session config: {describe_validation_error(exc)}") from None
     if config.voice is not None and config.voice not in caps.voices:
         available = ", ".join(caps.voices)
         raise ProtocolError(f"Invalid session config: unknown voice '{config.voice}'; available: {available}")

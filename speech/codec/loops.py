@@ -37,7 +37,7 @@ from omniweb.engine.contracts import (
     Waiting,
     WorkPlan,
 )
-from speech.tts.loops import SENTENCES, TALKER_DONE, TalkerLoop, to_pcm16
+from speech.tts.loops import SENTENCES, TALKER_DONE, TalkerLoop, sentence_chunks
 from speech.tts.model import HibariTalker, SentenceFrames
 from speech.tts.vocoder import AcousticFrames
 
@@ -382,14 +382,7 @@ def _decode(chunks: list[_DecodeChunk]) -> list[StepResult]:
     for c, wave in zip(chunks, waves, strict=True):
         if c.last:
             wave = np.concatenate([wave, c.decoder.flush()])
-        out: list[dict[str, Any]] = []
-        index = c.sentence.index
-        if c.first:
-            out.append({"type": "sentence.start", "sentence_index": index, "text": c.sentence.text})
-        if wave.size:
-            out.append({"type": "audio", "sentence_index": index, "pcm": to_pcm16(wave)})
-        if c.last:
-            out.append({"type": "sentence.end", "sentence_index": index, "timestamps": c.sentence.timestamps})
+        out = sentence_chunks(c.sentence, wave, first=c.first, last=c.last)
         results.append(StepResult(output=c, chunks=out, media_seconds=wave.size / c.sample_rate))
     return results
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from django.conf import settings
@@ -242,15 +242,32 @@ def _results(chunks: list[_Chunk]) -> list[StepResult]:
     for c, wave in zip(chunks, waves, strict=True):
         sentence = c.state.sentence
         assert sentence is not None
-        out: list[dict[str, Any]] = []
-        if c.first_of_sentence:
-            out.append({"type": "sentence.start", "sentence_index": sentence.index, "text": sentence.text})
-        if wave.size:
-            out.append({"type": "audio", "sentence_index": sentence.index, "pcm": to_pcm16(wave)})
-        if c.last_of_sentence:
-            out.append({"type": "sentence.end", "sentence_index": sentence.index, "timestamps": sentence.timestamps})
+        out = sentence_chunks(sentence, wave, first=c.first_of_sentence, last=c.last_of_sentence)
         results.append(StepResult(output=c, chunks=out, media_seconds=wave.size / SAMPLE_RATE))
     return results
+
+
+class SpokenSentence(Protocol):
+    """What a vocoder knows of the sentence it voices (hibari's frames or the codec's codes)."""
+
+    index: int
+    text: str
+    timestamps: list[dict[str, Any]] | None
+
+
+def sentence_chunks(sentence: SpokenSentence, wave: np.ndarray, *, first: bool, last: bool) -> list[dict[str, Any]]:
+    """The client stream chunks for one vocoded piece of a sentence: its start, its PCM, its end.
+
+    Every vocoder (hibari's, the codec's) emits exactly these, so the transport has one audio path.
+    """
+    out: list[dict[str, Any]] = []
+    if first:
+        out.append({"type": "sentence.start", "sentence_index": sentence.index, "text": sentence.text})
+    if wave.size:
+        out.append({"type": "audio", "sentence_index": sentence.index, "pcm": to_pcm16(wave)})
+    if last:
+        out.append({"type": "sentence.end", "sentence_index": sentence.index, "timestamps": sentence.timestamps})
+    return out
 
 
 def vocoder_backend() -> SpectralBackend | None:

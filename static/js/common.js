@@ -261,3 +261,15 @@ export function formatMs(ms) {
   if (ms == null || !Number.isFinite(ms)) return "–";
   return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(2)} s`;
 }
+
+/** Show a latency readout; the raw value stays in data-ms for tests and benches. */
+export function showMs(el, ms) {
+  el.textContent = formatMs(ms);
+  el.dataset.ms = ms.toFixed(1);
+}
+
+/** Show a page's state in words; data-state drives its styling. */
+export function setStateText(el, state, text) {
+  el.dataset.state = state;
+  el.textContent = text;
+}

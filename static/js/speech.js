@@ -5,12 +5,13 @@ import {
   clearError,
   describeServerError,
   float32ToInt16,
-  formatMs,
   int16ToFloat32,
   nowMs,
   pcm16FromBytes,
+  setStateText,
   showConnection,
   showError,
+  showMs,
   wavBlob,
 } from "./common.js";
 import { PcmPlayer, resampleLinear } from "./player.js";
@@ -496,14 +497,8 @@ function highlight(played) {
 
 // -- page state -------------------------------------------------------------------------------------
 
-function showMs(el, ms) {
-  el.textContent = formatMs(ms);
-  el.dataset.ms = ms.toFixed(1);
-}
-
 function setState(state, text) {
-  ui.state.dataset.state = state;
-  ui.state.textContent = text;
+  setStateText(ui.state, state, text);
 }
 
 function scheduleLiveSync() {

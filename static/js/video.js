@@ -10,8 +10,10 @@ import {
   int16ToFloat32,
   nowMs,
   parseWav,
+  setStateText,
   showConnection,
   showError,
+  showMs,
 } from "./common.js";
 import { PcmPlayer } from "./player.js";
 
@@ -426,14 +428,8 @@ function ping() {
   connection.send({ type: "ping" });
 }
 
-function showMs(el, ms) {
-  el.textContent = formatMs(ms);
-  el.dataset.ms = ms.toFixed(1);
-}
-
 function setState(state, text) {
-  ui.state.dataset.state = state;
-  ui.state.textContent = text;
+  setStateText(ui.state, state, text);
 }
 
 // -- wiring -----------------------------------------------------------------------------------------

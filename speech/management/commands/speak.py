@@ -13,6 +13,7 @@ import base64
 import json
 import time
 import wave
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -56,109 +57,98 @@ class Command(BaseCommand):
         seconds = len(pcm) / 2 / SAMPLE_RATE
         self.stdout.write(f"wrote {opts['output']}: {seconds:.2f} s of audio ({opts['format']}, {SAMPLE_RATE} Hz)")
 
-    async def _speak(self, opts: dict[str, Any]) -> bytes:
-        import websockets
-
-        streamed = opts["speed"] == 1.0
-        config: dict[str, Any] = {"type": "session.config", "response_format": "pcm", "stream_audio": streamed}
-        if opts["timestamps"]:
-            if not streamed:
-                raise CommandError("--timestamps needs --speed 1.0 (timestamps ride the streamed PCM)")
-            config["word_timestamps"] = True
+    @staticmethod
+    def _session_config(opts: dict[str, Any], **fields: Any) -> dict[str, Any]:
+        config: dict[str, Any] = {"type": "session.config", **fields}
         for key in ("voice", "seed", "speed"):
             if opts[key] is not None:
                 config[key] = opts[key]
+        return config
+
+    async def _utterance(self, opts: dict[str, Any], config: dict[str, Any]) -> AsyncIterator[tuple[float, Any]]:
+        """One utterance: config, text, flush; yields (seconds since the flush, message) until session.done.
+
+        Binary frames come as bytes, text ones decoded; a protocol ``error`` ends the command.
+        """
+        import websockets
+
         url = opts["url"].rstrip("/") + "/v1/audio/speech/stream"
-        audio = bytearray()
         async with websockets.connect(url, max_size=None) as ws:
             await ws.send(json.dumps(config))
             await ws.send(json.dumps({"type": "input.text", "text": opts["text"]}))
             started = time.perf_counter()
             await ws.send(json.dumps({"type": "input.done"}))
-            first: float | None = None
             while True:
                 raw = await ws.recv()
-                if isinstance(raw, bytes):
-                    first = first or time.perf_counter() - started
-                    audio += raw
-                    continue
-                msg = json.loads(raw)
-                kind = msg["type"]
-                if kind == "error":
+                msg = raw if isinstance(raw, bytes) else json.loads(raw)
+                if isinstance(msg, dict) and msg["type"] == "error":
                     raise CommandError(f"server error: {msg['message']}")
-                if kind == "audio.start":
-                    self.stdout.write(f"sentence {msg['sentence_index']}: {msg['sentence_text']}")
-                elif kind == "audio.chunk":
-                    first = first or time.perf_counter() - started
-                    audio += base64.b64decode(msg["audio_b64"])
-                    if msg["timestamps"]:
-                        for word in msg["timestamps"]:
-                            self.stdout.write(f"  {word['start_ms']:>6} - {word['end_ms']:>6} ms  {word['word']}")
-                elif kind == "session.done":
+                if isinstance(msg, dict) and msg["type"] == "session.done":
                     break
+                yield time.perf_counter() - started, msg
             await ws.send(json.dumps({"type": "session.close"}))
+
+    async def _speak(self, opts: dict[str, Any]) -> bytes:
+        streamed = opts["speed"] == 1.0
+        config = self._session_config(opts, response_format="pcm", stream_audio=streamed)
+        if opts["timestamps"]:
+            if not streamed:
+                raise CommandError("--timestamps needs --speed 1.0 (timestamps ride the streamed PCM)")
+            config["word_timestamps"] = True
+        audio = bytearray()
+        first: float | None = None
+        async for elapsed, msg in self._utterance(opts, config):
+            if isinstance(msg, bytes):
+                first = first or elapsed
+                audio += msg
+            elif msg["type"] == "audio.start":
+                self.stdout.write(f"sentence {msg['sentence_index']}: {msg['sentence_text']}")
+            elif msg["type"] == "audio.chunk":
+                first = first or elapsed
+                audio += base64.b64decode(msg["audio_b64"])
+                for word in msg["timestamps"] or []:
+                    self.stdout.write(f"  {word['start_ms']:>6} - {word['end_ms']:>6} ms  {word['word']}")
         if first is not None:
             self.stdout.write(f"time to first audio: {first * 1000:.0f} ms")
         return bytes(audio)
 
     async def _speak_codec(self, opts: dict[str, Any]) -> bytes:
         """codec.start → packets → codec.done per sentence; one local decoder per sentence."""
-        import websockets
-
         from speech.codec.model import load_codec
         from speech.codec.wire import CodecStreamReader
         from speech.tts.loops import to_pcm16
 
         codec = await asyncio.to_thread(load_codec)
-        config: dict[str, Any] = {"type": "session.config", "output_mode": "codec_tokens"}
-        for key in ("voice", "seed", "speed"):
-            if opts[key] is not None:
-                config[key] = opts[key]
-        url = opts["url"].rstrip("/") + "/v1/audio/speech/stream"
         audio = bytearray()
         wire_bytes = 0
         reader: CodecStreamReader | None = None
         decoder = None
-        async with websockets.connect(url, max_size=None) as ws:
-            await ws.send(json.dumps(config))
-            await ws.send(json.dumps({"type": "input.text", "text": opts["text"]}))
-            started = time.perf_counter()
-            await ws.send(json.dumps({"type": "input.done"}))
-            first: float | None = None
-            while True:
-                raw = await ws.recv()
-                if isinstance(raw, bytes):
-                    if reader is None or decoder is None:
-                        raise CommandError("server sent a codec packet outside codec.start … codec.done")
-                    first = first or time.perf_counter() - started
-                    wire_bytes += len(raw)
-                    try:
-                        packet = reader.feed(raw)
-                        samples = decoder.push(packet.codes)
-                        if packet.eos:
-                            samples = np.concatenate([samples, decoder.flush()])
-                    except ValueError as exc:
-                        raise CommandError(f"bad codec stream: {exc}") from exc
-                    audio += to_pcm16(samples)
-                    continue
-                msg = json.loads(raw)
-                kind = msg["type"]
-                if kind == "error":
-                    raise CommandError(f"server error: {msg['message']}")
-                if kind == "codec.start":
-                    if msg.get("decoder_id") != codec.decoder_id:
-                        raise CommandError(
-                            f"server streams codec {msg.get('decoder_id')!r}; this client decodes {codec.decoder_id!r}"
-                        )
-                    reader, decoder = CodecStreamReader.for_start(msg), codec.decoder()
-                    self.stdout.write(f"sentence {msg['sentence_index']}: {msg['sentence_text']}")
-                elif kind == "codec.done":
-                    if reader is None or msg["total_frames"] != reader.total_frames or not reader.eos:
-                        raise CommandError(f"codec stream incomplete: {msg}")
-                    reader = decoder = None
-                elif kind == "session.done":
-                    break
-            await ws.send(json.dumps({"type": "session.close"}))
+        first: float | None = None
+        async for elapsed, msg in self._utterance(opts, self._session_config(opts, output_mode="codec_tokens")):
+            if isinstance(msg, bytes):
+                if reader is None or decoder is None:
+                    raise CommandError("server sent a codec packet outside codec.start … codec.done")
+                first = first or elapsed
+                wire_bytes += len(msg)
+                try:
+                    packet = reader.feed(msg)
+                    samples = decoder.push(packet.codes)
+                    if packet.eos:
+                        samples = np.concatenate([samples, decoder.flush()])
+                except ValueError as exc:
+                    raise CommandError(f"bad codec stream: {exc}") from exc
+                audio += to_pcm16(samples)
+            elif msg["type"] == "codec.start":
+                if msg.get("decoder_id") != codec.decoder_id:
+                    raise CommandError(
+                        f"server streams codec {msg.get('decoder_id')!r}; this client decodes {codec.decoder_id!r}"
+                    )
+                reader, decoder = CodecStreamReader.for_start(msg), codec.decoder()
+                self.stdout.write(f"sentence {msg['sentence_index']}: {msg['sentence_text']}")
+            elif msg["type"] == "codec.done":
+                if reader is None or msg["total_frames"] != reader.total_frames or not reader.eos:
+                    raise CommandError(f"codec stream incomplete: {msg}")
+                reader = decoder = None
         seconds = len(audio) / 2 / SAMPLE_RATE
         if first is not None:
             self.stdout.write(f"time to first packet: {first * 1000:.0f} ms")

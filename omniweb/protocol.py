@@ -1,0 +1,22 @@
+"""Protocol pieces every endpoint shares (pure: no I/O)."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+
+class ProtocolError(Exception):
+    """A client mistake; ``message`` is safe to send to the client."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """Field-level reasons without echoing the (possibly huge) input values back."""
+    parts = []
+    for err in exc.errors(include_url=False, include_input=False):
+        where = ".".join(str(p) for p in err["loc"]) or "config"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
