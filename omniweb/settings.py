@@ -67,7 +67,11 @@ ASGI_APPLICATION = "omniweb.asgi.application"
 DATABASES: dict[str, dict[str, str]] = {}  # omniweb stores nothing
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [d for d in [BASE_DIR / "static"] if d.is_dir()]  # the page's assets land here
+# The pages' assets, and the codec table served from the package that loads it (one copy): the
+# browser decoder fetches it next to itself, at /static/codec/.
+STATICFILES_DIRS = [d for d in [BASE_DIR / "static"] if d.is_dir()] + [
+    ("codec", BASE_DIR / "speech" / "codec" / "tables")
+]
 STATIC_ROOT = BASE_DIR / "staticfiles"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True

@@ -121,4 +121,11 @@ def test_js_constants_match_python() -> None:
     js = (ROOT / "static" / "codec" / "decoder.js").read_text()
     assert f'TABLE_SHA256 = "{model.TABLE_SHA256}"' in js
     assert f'DECODER_ID = "{model.DECODER_ID}"' in js
-    assert (ROOT / "static" / "codec" / model.TABLE_PATH.name).read_bytes() == model.TABLE_PATH.read_bytes()
+
+
+def test_the_site_serves_the_table_next_to_the_decoder(client) -> None:
+    """decoder.js fetches ./hibari-rvq-v1.owct: the one table in the package, served at /static/codec/."""
+    js = client.get("/static/codec/decoder.js")
+    table = client.get(f"/static/codec/{model.TABLE_PATH.name}")
+    assert js.status_code == 200 and table.status_code == 200
+    assert b"".join(table) == model.TABLE_PATH.read_bytes()

@@ -9,7 +9,7 @@ bundled documentation, ``pydoc_data``; pinned seeds and speeds), then fits
    fitted on what the previous stages left over,
 
 and writes the table (fixed-point integers with power-of-two scales, see ``speech.codec.model``) to
-``speech/codec/tables/`` and the identical file next to the browser decoder in ``static/codec/``.
+``speech/codec/tables/``, which the site also serves at ``/static/codec/`` for the browser decoder.
 It prints the sha256 to record as ``TABLE_SHA256`` in model.py. Runs in a few minutes on 2 cores.
 """
 
@@ -30,7 +30,6 @@ import numpy as np
 
 from . import model as m
 
-STATIC_TABLE = Path(__file__).resolve().parents[2] / "static" / "codec" / m.TABLE_PATH.name
 FLOOR = -10.0  # log-magnitude floor: exp(-10) is ~ -87 dB, nothing audible is lost
 F0_RANGE = (45.0, 720.0)  # pitch table range in Hz (4 octaves, 4.7 cents per step at 1023 steps)
 SPEEDS = (1.0, 0.85, 1.0, 1.2)  # corpus sentences cycle through these speaking rates
@@ -186,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--iters", type=int, default=12)
     ap.add_argument("--train-frames", type=int, default=60000)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--out", type=Path, nargs="*", default=[m.TABLE_PATH, STATIC_TABLE])
+    ap.add_argument("--out", type=Path, nargs="*", default=[m.TABLE_PATH])
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()

@@ -9,7 +9,7 @@ import { codecFromBytes, parsePacket, parseTable } from "../../static/codec/deco
 const root = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const dir = process.argv[2];
 const manifest = JSON.parse(readFileSync(join(dir, "manifest.json"), "utf8"));
-const tableBytes = readFileSync(join(root, "static", "codec", "hibari-rvq-v1.owct"));
+const tableBytes = readFileSync(join(root, "speech", "codec", "tables", "hibari-rvq-v1.owct"));
 const codec = codecFromBytes(tableBytes);
 const report = { spec: codec.spec(), cases: {}, errors: {} };
 
