@@ -235,7 +235,7 @@ def test_colour_questions():
     assert answer.startswith("Yes, about") and "red" in answer
 
 
-@pytest.mark.parametrize(("level", "expected"), [(12, "Yes"), (200, "No")])
+@pytest.mark.parametrize(("level", "expected"), [(12, "Yes"), (90, "Not really"), (200, "No")])
 def test_is_it_dark(level, expected):
     text = say("Is it dark in here?", [jpeg(camera_like(canvas((level, level, level))))])
     assert text.startswith(f"{expected}, it's")

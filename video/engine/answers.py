@@ -329,7 +329,8 @@ def _light(scene: Scene, now: FrameStats, q: str, yes_no: bool) -> list[str]:
     word = _light_word(b)
     level = f"the average brightness is {percent(b / 255)}"
     if yes_no and re.search(r"\b(dark|dim|night)\b", q):
-        out = [f"Yes, it's {word}: {level}." if b < 70 else f"No, it's {word}: {level}."]
+        verdict = "Yes" if b < 70 else "Not really" if b < 110 else "No"  # dimly lit: neither answer fits
+        out = [f"{verdict}, it's {word}: {level}."]
     elif yes_no and re.search(r"\b(bright|light|lit|sunny|daylight)\b", q):
         out = [f"Yes, it's {word}: {level}." if b >= 110 else f"No, it's {word}: {level}."]
     else:
