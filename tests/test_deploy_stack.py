@@ -563,8 +563,39 @@ def test_scale_out_over_redis_survives_a_killed_worker(stack, tmp_path):
     assert status == 200 and health["ok"] is True, health
     assert {w.proc.pid for w in workers} <= {int(w["pid"]) for w in health["workers"] if w.get("pid")}, health
 
-    # (b) long flushes on several sessions; SIGKILL a worker that serves some of them.
+    # (b) a video turn on a frame over the Redis message limit (it travels as a Redis key).
+    asyncio.run(_video_turn_through_nginx(n))
+
+    # (c) long flushes on several sessions; SIGKILL a worker that serves some of them.
     asyncio.run(_kill_a_worker_mid_stream(stack, n, redis_url, workers))
+
+
+async def _video_turn_through_nginx(n: Nginx) -> None:
+    import base64
+
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    image = np.clip(np.full((900, 1200, 3), (40, 40, 200), np.int16) + rng.integers(-30, 31, (900, 1200, 3)), 0, 255)
+    ok, png = cv2.imencode(".png", image.astype(np.uint8))
+    assert ok and len(png) > 2_000_000  # well over channels_redis' 1 MB message limit
+    url = n.ws_url.replace("/v1/audio/speech/stream", "/v1/video/chat/stream")
+    async with websockets.connect(url, ssl=n.client_ssl(), max_size=None, open_timeout=20) as ws:
+        await ws.send(json.dumps({"type": "session.config"}))
+        frame = {"type": "video.frame", "data": base64.b64encode(png.tobytes()).decode(), "frame_id": "big"}
+        await ws.send(json.dumps(frame))
+        ack = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        assert ack["type"] == "video.frame.ack" and ack["accepted"], ack
+        await ws.send(json.dumps({"type": "video.query", "text": "What colour is it?"}))
+        kinds: list[str] = []
+        while not kinds or kinds[-1] != "response.audio.done":
+            msg = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            assert msg["type"] != "error", msg
+            kinds.append(msg["type"])
+            if msg["type"] == "response.text.done":
+                assert "red" in msg["text"].lower(), msg  # the worker saw the picture itself
+        assert kinds[:2] == ["response.start", "video.frames.consumed"] and "response.audio.delta" in kinds, kinds
 
 
 async def _kill_a_worker_mid_stream(stack: Stack, n: Nginx, redis_url: str, workers: list[Service]) -> None:
@@ -628,7 +659,7 @@ async def _kill_a_worker_mid_stream(stack: Stack, n: Nginx, redis_url: str, work
         assert_clean_utterance(s, FLUSH_SENTENCES)
         assert_clean_utterance(s, 1, utterance=1)
 
-    # (c) new work after the kill completes on the surviving worker.
+    # (d) new work after the kill completes on the surviving worker.
     survivor = next(w for w in workers if w is not victim)
     assert survivor.alive(), survivor.log()
     fresh = Session()
