@@ -402,6 +402,22 @@ def test_video_push_to_talk_sends_16khz_pcm(page, base_url):
     assert wait_state(page, "done|error", timeout=60_000) in ("done", "error")
 
 
+def test_video_a_tap_on_talk_sends_no_audio(page, base_url):
+    """A press too short for a question is dropped in the page: nothing reaches the server's buffer."""
+    frames = Frames(page)
+    start_camera(page, base_url)
+    page.focus("#talk")
+    page.keyboard.down("Space")
+    page.wait_for_selector("#talk[aria-pressed='true']")
+    page.wait_for_timeout(100)
+    page.keyboard.up("Space")
+    page.wait_for_function("document.querySelector('#talk').getAttribute('aria-pressed') === 'false'")
+    page.wait_for_selector("#error:not([hidden])", timeout=5_000)
+    assert "too short" in page.inner_text("#error")
+    page.wait_for_timeout(300)
+    assert frames.sent_of_type("audio.chunk") == [] and frames.sent_of_type("video.query") == []
+
+
 def test_video_reconnects_after_a_dropped_connection(page, proxied_url):
     url, proxy = proxied_url
     start_camera(page, url)

@@ -234,6 +234,7 @@ function startTalking() {
   interruptAnswer(); // the person is speaking: stop the current answer now
   talking = true;
   talkStartedAt = nowMs();
+  heldChunks = [];
   ui.talk.setAttribute("aria-pressed", "true");
   ui.talk.textContent = "Listening… release to send";
   mic.context.resume();
@@ -253,21 +254,36 @@ function stopTalking(send = true) {
 }
 
 let pendingVoiceQuestion = null; // ms spoken, set between release and the last chunk
+// A shorter press is a tap, not a question. Its audio never leaves the page: the protocol has no way
+// to take audio back, and it would otherwise be prepended to the next spoken question.
+const MIN_TALK_MS = 250;
+let heldChunks = []; // microphone chunks of a press not yet MIN_TALK_MS long
+
+function sendHeldChunks() {
+  for (const samples of heldChunks) {
+    connection.send({ type: "audio.chunk", data: bytesToBase64(new Uint8Array(samples.buffer)) });
+  }
+  heldChunks = [];
+}
 
 function onMicChunk({ samples, rms, final }) {
   if (talking || final) {
     ui.level.style.width = talking ? `${Math.min(100, Math.round(rms * 400))}%` : "0";
     if (samples.length && connection.isOpen && (talking || pendingVoiceQuestion !== null)) {
-      connection.send({ type: "audio.chunk", data: bytesToBase64(new Uint8Array(samples.buffer)) });
+      heldChunks.push(samples);
+      const pressedMs = talking ? nowMs() - talkStartedAt : pendingVoiceQuestion;
+      if (pressedMs >= MIN_TALK_MS) sendHeldChunks();
     }
   }
   if (final && pendingVoiceQuestion !== null) {
     const spokenMs = pendingVoiceQuestion;
     pendingVoiceQuestion = null;
-    if (spokenMs < 250) {
+    if (spokenMs < MIN_TALK_MS) {
+      heldChunks = [];
       showError(ui.error, "That was too short to hear a question: hold the button while you speak.");
       return;
     }
+    sendHeldChunks();
     ask("", `(spoken, ${(spokenMs / 1000).toFixed(1)} s)`);
   }
 }
