@@ -382,16 +382,21 @@ def test_video_error_is_shown_in_words(page, base_url):
     assert wait_state(page, "error") == "error"
 
 
+def hold_talk(page: Any, ms: int) -> None:
+    """Hold the Talk button down with the keyboard (Space) for ``ms``, then let go."""
+    page.focus("#talk")
+    page.keyboard.down("Space")
+    page.wait_for_selector("#talk[aria-pressed='true']")
+    page.wait_for_timeout(ms)
+    page.keyboard.up("Space")
+    page.wait_for_function("document.querySelector('#talk').getAttribute('aria-pressed') === 'false'")
+
+
 def test_video_push_to_talk_sends_16khz_pcm(page, base_url):
     """Holding Talk streams the microphone as PCM16 at 16 kHz; letting go asks the question."""
     frames = Frames(page)
     start_camera(page, base_url)
-    page.focus("#talk")
-    page.keyboard.down("Space")
-    page.wait_for_selector("#talk[aria-pressed='true']")
-    page.wait_for_timeout(1500)
-    page.keyboard.up("Space")
-    page.wait_for_function("document.querySelector('#talk').getAttribute('aria-pressed') === 'false'")
+    hold_talk(page, 1500)
     page.wait_for_timeout(500)
     chunks = frames.sent_of_type("audio.chunk")
     pcm_bytes = sum(len(base64.b64decode(c["data"])) for c in chunks)
@@ -406,12 +411,7 @@ def test_video_a_tap_on_talk_sends_no_audio(page, base_url):
     """A press too short for a question is dropped in the page: nothing reaches the server's buffer."""
     frames = Frames(page)
     start_camera(page, base_url)
-    page.focus("#talk")
-    page.keyboard.down("Space")
-    page.wait_for_selector("#talk[aria-pressed='true']")
-    page.wait_for_timeout(100)
-    page.keyboard.up("Space")
-    page.wait_for_function("document.querySelector('#talk').getAttribute('aria-pressed') === 'false'")
+    hold_talk(page, 100)
     page.wait_for_selector("#error:not([hidden])", timeout=5_000)
     assert "too short" in page.inner_text("#error")
     page.wait_for_timeout(300)
