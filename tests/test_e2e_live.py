@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 import wave
 from collections.abc import Iterator
 
@@ -111,3 +116,31 @@ def test_speak_command_writes_a_wav(server, tmp_path):
     assert "Testing" in result.stdout and "time to first audio" in result.stdout
     with wave.open(str(out)) as w:
         assert w.getframerate() == 24000 and w.getnframes() > 24000 * 0.8
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.0, 2.0])
+def test_stopping_while_the_models_load_exits_cleanly(delay):
+    """SIGTERM during start-up (models still loading) ends daphne with status 0, not an abort.
+
+    ``delay`` after the port opens lands the signal in different phases of the model load.
+    """
+    port = free_port()
+    args = [part.format(port=port) for part in SERVERS["daphne"]]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "omniweb.settings"}
+    out, err = subprocess.DEVNULL, subprocess.PIPE
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=out, stderr=err)
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # listening: the preload thread is running by then
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
