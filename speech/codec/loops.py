@@ -76,7 +76,7 @@ def slice_frames(frames: AcousticFrames, start: int, stop: int) -> AcousticFrame
         frames.lr[:, start:stop],
         frames.phi[:, start:stop],
         frames.f0[start:stop],
-        frames.noise[:, start:stop],
+        None if frames.noise is None else frames.noise[:, start:stop],
     )
 
 
@@ -177,8 +177,8 @@ class CodecEncoderLoop:
         sentence = queue.popleft()
         state.sentence = sentence
         state.offsets = [0]
-        for seg in sentence.segments:
-            state.offsets.append(state.offsets[-1] + seg.n_frames)
+        for frames in sentence.acoustic:
+            state.offsets.append(state.offsets[-1] + frames.n_frames)
         state.next_row = 0
         state.packets_in_sentence = 0
         state.published = None
@@ -230,10 +230,10 @@ class CodecEncoderLoop:
     def _encode(self, sentence: SentenceFrames, offsets: list[int], start: int, stop: int) -> np.ndarray:
         """Code rows [start, stop) of the sentence, encoding only the frames they come from."""
         parts = []
-        for seg, lo, hi in zip(sentence.segments, offsets, offsets[1:], strict=False):
+        for seg, lo, hi in zip(sentence.acoustic, offsets, offsets[1:], strict=False):
             a, b = max(start, lo), min(stop, hi)
             if a < b:
-                parts.append(self._codec.encode(slice_frames(seg.frames, a - lo, b - lo)))
+                parts.append(self._codec.encode(slice_frames(seg, a - lo, b - lo)))
         rows = np.concatenate(parts).astype(np.int16, copy=False)
         if rows.shape != (stop - start, self._codec.codebooks):
             raise ValueError(f"codec returned {rows.shape} for {stop - start} frames")
@@ -411,7 +411,7 @@ class CodecPipeline:
         self.talker = talker or HibariTalker()
         self._warm_up(codec)
         self.loops = (
-            TalkerLoop(self.talker, settings.TALKER_LOOKAHEAD),
+            TalkerLoop(self.talker, settings.TALKER_LOOKAHEAD, vocode=False),
             CodecEncoderLoop(
                 codec, settings.CODEC_PACKET_FRAMES, settings.CODEC_FIRST_PACKET_FRAMES, settings.TALKER_LOOKAHEAD
             ),
@@ -422,10 +422,10 @@ class CodecPipeline:
         """Encode and decode one short sentence now: the first FFT calls of a process set up plans and
         caches (~70 ms), which the first session's first packet or chunk must not pay."""
         voice = self.talker.caps.default_voice
-        sentence = self.talker.talk(voice, 0, "Warm up.", 1.0, np.random.default_rng(0), None, False)
+        sentence = self.talker.talk(voice, 0, "Warm up.", 1.0, np.random.default_rng(0), None, False, vocode=False)
         decoder = codec.decoder()
-        for segment in sentence.segments:
-            decoder.push(codec.encode(segment.frames))
+        for frames in sentence.acoustic:
+            decoder.push(codec.encode(frames))
         decoder.flush()
 
     def validate(self, request: dict[str, Any]) -> None:

@@ -73,10 +73,11 @@ class TalkerState:
 class TalkerLoop:
     name = "talker"
 
-    def __init__(self, talker: HibariTalker, lookahead: int, *, incremental: bool = False) -> None:
+    def __init__(self, talker: HibariTalker, lookahead: int, *, incremental: bool = False, vocode: bool = True) -> None:
         self._talker = talker
         self._lookahead = max(1, lookahead)
         self._incremental = incremental
+        self._vocode = vocode  # False: a downstream loop other than hibari's vocoder takes the frames
 
     def init(self, request: dict[str, Any], slots: dict[str, Any]) -> TalkerState:
         slots[SENTENCES] = deque()
@@ -113,7 +114,7 @@ class TalkerLoop:
 
         def run() -> StepResult:
             out = self._talker.talk(
-                state.voice, index, text, state.speed, state.rng, state.max_frames, state.timestamps
+                state.voice, index, text, state.speed, state.rng, state.max_frames, state.timestamps, self._vocode
             )
             return StepResult(output=out)
 
@@ -129,10 +130,10 @@ class TalkerLoop:
     def advance(self, state: TalkerState, result: StepResult) -> None:
         sentence: SentenceFrames = result.output
         state.next_index += 1
-        if sentence.segments:  # text with nothing to say is not a sentence on the wire
+        if sentence.acoustic:  # text with nothing to say is not a sentence on the wire
             state.slots[SENTENCES].append(sentence)
             state.spoken += 1
-            state.synthesized_seconds += FRAME_SECONDS * sum(s.n_frames for s in sentence.segments)
+            state.synthesized_seconds += FRAME_SECONDS * sentence.n_frames
         if state.next_index >= len(state.sentences) and self._input_done(state):
             state.slots[TALKER_DONE] = True
 

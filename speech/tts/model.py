@@ -35,8 +35,13 @@ class SentenceFrames:
 
     index: int
     text: str
-    segments: list[VocoderStream]  # one per phoneme segment, excitation already built
+    acoustic: list[AcousticFrames]  # one per phoneme segment: the talker's frames
+    segments: list[VocoderStream]  # the same segments ready to vocode (empty when not vocoding)
     timestamps: list[dict[str, int | str]] | None
+
+    @property
+    def n_frames(self) -> int:
+        return sum(f.n_frames for f in self.acoustic)
 
 
 def local_voices() -> tuple[str, ...]:
@@ -118,12 +123,18 @@ class HibariTalker:
         rng: np.random.Generator,
         max_frames: int | None,
         timestamps: bool,
+        vocode: bool = True,
     ) -> SentenceFrames:
-        """Synthesize one sentence's acoustic frames; noise is drawn in order from the request's rng."""
+        """Synthesize one sentence's acoustic frames; noise is drawn in order from the request's rng.
+
+        ``vocode=False`` (the codec path) skips what only hibari's vocoder needs: the noise draw and
+        the excitation, about a fifth of a talker step.
+        """
         hib = self._hibari[voice]
         sess = self._sessions[voice]
         with self._g2p_lock:  # the G2P keeps per-call state; the ONNX run below is thread-safe
             phonemes = hib.phonemize(model_text(text))
+        acoustic: list[AcousticFrames] = []
         segments: list[VocoderStream] = []
         aligned: list[tuple[str, np.ndarray]] = []
         budget = max_frames
@@ -140,16 +151,21 @@ class HibariTalker:
                 budget -= n
             if n == 0:
                 continue
-            frames = AcousticFrames(lh[:, :n], th[:, :n], ln[:, :n], lr[:, :n], phi[:, :n], f0[:n], draw_noise(rng, n))
-            segments.append(VocoderStream(frames))  # built here, on the worker, not under the scheduler's lock
+            noise = draw_noise(rng, n) if vocode else None
+            frames = AcousticFrames(lh[:, :n], th[:, :n], ln[:, :n], lr[:, :n], phi[:, :n], f0[:n], noise)
+            if vocode:
+                stream = VocoderStream(frames)  # built here, on the worker, not under the scheduler's lock
+                segments.append(stream)
+                frames = stream.frames  # the stream's copy: the segment is not held twice
+            acoustic.append(frames)
             aligned.append((ps, dur))
         words = None
-        if timestamps and segments:
+        if timestamps and acoustic:
             with self._g2p_lock:
                 words = align_words(text, aligned, hib.vocab, hib.g2p)
-            total_ms = round(sum(s.n_frames for s in segments) * 12.5)
+            total_ms = round(sum(f.n_frames for f in acoustic) * 12.5)
             words = [
                 {**w, "start_ms": min(int(w["start_ms"]), total_ms), "end_ms": min(int(w["end_ms"]), total_ms)}
                 for w in words
             ]
-        return SentenceFrames(index=index, text=text, segments=segments, timestamps=words)
+        return SentenceFrames(index=index, text=text, acoustic=acoustic, segments=segments, timestamps=words)

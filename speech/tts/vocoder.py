@@ -43,7 +43,9 @@ class AcousticFrames:
     lr: np.ndarray  # float32 [601, F] free-phase log-magnitude
     phi: np.ndarray  # float32 [601, F] free phase
     f0: np.ndarray  # float32 [F] pitch in Hz (unvoiced below 40)
-    noise: np.ndarray  # complex64 [601, F], drawn exactly as hibari.dsp.synth draws it
+    # complex64 [601, F], drawn exactly as hibari.dsp.synth draws it; None for frames that are never
+    # vocoded here (the codec path encodes them and brings its own noise)
+    noise: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         """Fail at construction, not mid-stream, if the outputs don't line up."""
@@ -51,6 +53,8 @@ class AcousticFrames:
         if n < 0:
             raise ValueError(f"f0 must be 1-D, got shape {np.shape(self.f0)}")
         for name in ("lh", "th", "ln", "lr", "phi", "noise"):
+            if name == "noise" and self.noise is None:
+                continue
             shape = np.shape(getattr(self, name))
             if shape != (N_BINS, n):
                 raise ValueError(f"{name} has shape {shape}, expected {(N_BINS, n)}")
@@ -82,6 +86,8 @@ class VocoderStream:
     """
 
     def __init__(self, frames: AcousticFrames) -> None:
+        if frames.noise is None:
+            raise ValueError("frames drawn without noise cannot be vocoded")
         # Frame-major copies [F, 601] of the spectra and the noise, made once per segment here
         # (on the talker's worker), so a chunk's rows are one contiguous slice: gathering a
         # chunk's columns out of the bins-major [601, F] arrays at every chunk was ~40% of the
