@@ -75,7 +75,12 @@ def decode_base64_strict(text: str) -> bytes:
 
 
 def read_header(data: bytes) -> ImageHeader:
-    """Format and dimensions from the JPEG/PNG header alone, without decoding any pixels."""
+    """Format and dimensions from the JPEG/PNG header alone, without decoding any pixels.
+
+    Hand-written because OpenCV has no header-only read (``imdecode`` allocates the whole image
+    first, which is what a decompression bomb exploits); Pillow's lazy ``Image.open`` could do it,
+    but would be a dependency for these few lines of two well-specified headers.
+    """
     if data.startswith(PNG_SIGNATURE):
         # The IHDR chunk must come first: length 13, type, width, height (big-endian).
         if len(data) < 24 or data[12:16] != b"IHDR":
