@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import ValidationError
 
 
@@ -20,3 +22,8 @@ def describe_validation_error(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in err["loc"]) or "config"
         parts.append(f"{where}: {err['msg']}")
     return "; ".join(parts)
+
+
+def error(message: str) -> dict[str, Any]:
+    """The ``error`` message both endpoints send (its text is always safe for the client)."""
+    return {"type": "error", "message": message}

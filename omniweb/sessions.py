@@ -1,4 +1,4 @@
-"""The clock every WebSocket session keeps: a config timeout, then an idle timeout.
+"""What every WebSocket session shares: the base consumer and the session clock.
 
 Both endpoints close a session that sends no ``session.config`` in time or goes quiet between
 requests, but never while the server is still answering (the client may just be listening).
@@ -8,7 +8,47 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Awaitable, Callable
+from typing import Any
+
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from omniweb import metrics
+from omniweb.protocol import error
+from omniweb.transport import client_stalled
+
+
+class SessionConsumer(AsyncWebsocketConsumer):
+    """A session endpoint's consumer: JSON out (every ``error`` counted), refusals, the stall check.
+
+    Subclasses keep ``config`` (None until a valid ``session.config``) and implement ``fail``.
+    """
+
+    # A session talks to the engine only through its EngineClient; it needs no channel of its own,
+    # so it does not hold a channel-layer receive (which would die with a Redis restart).
+    channel_layer_alias = "omniweb-sessions-use-no-layer"
+    config: Any = None
+
+    async def fail(self, message: str) -> None:
+        """Send ``error`` and end the session."""
+        raise NotImplementedError
+
+    async def reject(self, message: str) -> None:
+        """An invalid message: fatal before the first valid session.config, reported after it."""
+        if self.config is None:
+            await self.fail(message)
+        else:
+            await self.send_json(error(message))
+
+    def client_stalled(self) -> bool:
+        """True when the transport holds more unsent bytes than a session may queue (see transport.py)."""
+        return client_stalled(self.scope, settings.SESSION_SEND_BUFFER_MAX)
+
+    async def send_json(self, payload: dict[str, Any]) -> None:
+        metrics.count_error_message(payload)  # ops: omniweb_errors_total for every `error` sent
+        await self.send(text_data=json.dumps(payload))
 
 
 class SessionClock:

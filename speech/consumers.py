@@ -20,14 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from omniweb import metrics  # ops instrumentation: errors sent, time to first audio
+from omniweb import metrics  # ops instrumentation: time to first audio
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
-from omniweb.sessions import SessionClock
-from omniweb.transport import client_stalled
+from omniweb.sessions import SessionClock, SessionConsumer
 
 from . import protocol
 from .codec import wire
@@ -74,11 +72,7 @@ class _Utterance:
     ttfa: metrics.FirstAudioClock = field(default_factory=metrics.FirstAudioClock)  # ops: input.done → audio
 
 
-class SpeechStreamConsumer(AsyncWebsocketConsumer):
-    # The session talks to the engine only through its EngineClient; it needs no channel of its
-    # own, so it does not hold a channel-layer receive (which would die with a Redis restart).
-    channel_layer_alias = "omniweb-sessions-use-no-layer"
-
+class SpeechStreamConsumer(SessionConsumer):
     async def connect(self) -> None:
         self.state = SessionState.AWAITING_CONFIG
         self.config: SessionConfig | None = None
@@ -445,13 +439,6 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         await self.send_json(protocol.session_done(utt.index, utt.sentences))
 
     # -- errors and timeouts -----------------------------------------------------------------------
-    async def reject(self, message: str) -> None:
-        """An invalid message: fatal before the first valid session.config, reported after it."""
-        if self.config is None:
-            await self.fail(message)
-        else:
-            await self.send_json(protocol.error(message))
-
     async def fail(self, message: str) -> None:
         await self.send_json(protocol.error(message))
         self.state = SessionState.CLOSED
@@ -460,18 +447,10 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             task.cancel()
         await self.close()
 
-    def client_stalled(self) -> bool:
-        """True when the transport holds more unsent bytes than a session may queue (see transport.py)."""
-        return client_stalled(self.scope, settings.SESSION_SEND_BUFFER_MAX)
-
     async def on_timeout(self, awaiting_config: bool) -> None:
         await self.fail(
             "Timeout waiting for session.config" if awaiting_config else "Idle timeout: no message received"
         )
-
-    async def send_json(self, payload: dict[str, Any]) -> None:
-        metrics.count_error_message(payload)  # ops: omniweb_errors_total for every `error` sent
-        await self.send(text_data=json.dumps(payload))
 
 
 def _is_cancel(raw: str) -> bool:

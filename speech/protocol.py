@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from omniweb.protocol import ProtocolError, describe_validation_error
+from omniweb.protocol import error as base_error
 
 SAMPLE_RATE = 24000
 BYTES_PER_SAMPLE = 2  # 16-bit mono PCM
@@ -182,7 +183,7 @@ def flush_precondition_error(config: SessionConfig, codec_ready: bool) -> str | 
 
 # -- server → client messages ---------------------------------------------------------------------
 def error(message: str, *, partial_audio: bool = False) -> dict[str, Any]:
-    payload: dict[str, Any] = {"type": "error", "message": message}
+    payload = base_error(message)
     if partial_audio:
         payload.update(partial_audio=True, action="discard")
     return payload

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import json
 import logging
 import time
 import uuid
@@ -28,14 +27,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from omniweb import metrics  # ops instrumentation: errors sent
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
-from omniweb.sessions import SessionClock
-from omniweb.transport import client_stalled
+from omniweb.sessions import SessionClock, SessionConsumer
 from speech.tts.model import capabilities
 
 from . import frames, protocol
@@ -94,10 +90,7 @@ class _Turn:
 _Item = dict[str, Any] | _DecodeFailed
 
 
-class VideoStreamConsumer(AsyncWebsocketConsumer):
-    # The session reaches the engine only through its EngineClient and needs no channel of its own.
-    channel_layer_alias = "omniweb-sessions-use-no-layer"
-
+class VideoStreamConsumer(SessionConsumer):
     async def connect(self) -> None:
         self.state = SessionState.AWAITING_CONFIG
         self.config: VideoSessionConfig | None = None
@@ -147,7 +140,7 @@ class VideoStreamConsumer(AsyncWebsocketConsumer):
         if self.state in (SessionState.CLOSED, SessionState.FINISHING):
             return  # nothing after video.done is read, as in the seed
         if text_data is None:
-            await self._reject("Binary messages are not accepted; send JSON text messages")
+            await self.reject("Binary messages are not accepted; send JSON text messages")
             return
         if self.state is SessionState.AWAITING_CONFIG:
             await self.on_session_config(text_data)
@@ -472,13 +465,6 @@ class VideoStreamConsumer(AsyncWebsocketConsumer):
             await self.send_json(payload)
 
     # -- errors, timeouts, shutdown ----------------------------------------------------------------
-    async def _reject(self, message: str) -> None:
-        """Fatal before the first valid session.config, reported after it."""
-        if self.config is None:
-            await self.fail(message)
-        else:
-            await self.send_json(protocol.error(message))
-
     async def fail(self, message: str) -> None:
         await self.send_json(protocol.error(message))
         await self._close_session()
@@ -504,13 +490,5 @@ class VideoStreamConsumer(AsyncWebsocketConsumer):
                 task.cancel()
         await asyncio.gather(*(t for t in tasks if t is not current), return_exceptions=True)
 
-    def client_stalled(self) -> bool:
-        """True when the transport holds more unsent bytes than a session may queue (see transport.py)."""
-        return client_stalled(self.scope, settings.SESSION_SEND_BUFFER_MAX)
-
     async def on_timeout(self, awaiting_config: bool) -> None:
         await self.fail("Timeout waiting for session.config" if awaiting_config else "Idle timeout")
-
-    async def send_json(self, payload: dict[str, Any]) -> None:
-        metrics.count_error_message(payload)  # ops: omniweb_errors_total for every `error` sent
-        await self.send(text_data=json.dumps(payload))

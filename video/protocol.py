@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from omniweb.protocol import ProtocolError, describe_validation_error
+from omniweb.protocol import error as error  # the endpoint's error message is the shared one
 from speech.protocol import Capabilities
 
 MAX_FRAME_SIZE = 10 * 1024 * 1024  # characters of a frame's base64 ``data``
@@ -123,10 +124,6 @@ def number_or_none(value: Any) -> int | float | None:
 
 
 # -- server → client messages ---------------------------------------------------------------------
-def error(message: str) -> dict[str, Any]:
-    return {"type": "error", "message": message}
-
-
 def frame_ack(
     msg: dict[str, Any],
     *,

@@ -37,7 +37,7 @@ from omniweb.engine.contracts import (
     Waiting,
     WorkPlan,
 )
-from speech.tts.loops import SENTENCES, TALKER_DONE, TalkerLoop, sentence_chunks
+from speech.tts.loops import SENTENCES, TALKER_DONE, TalkerLoop, first_chunk_frames, sentence_chunks
 from speech.tts.model import HibariTalker, SentenceFrames
 from speech.tts.vocoder import AcousticFrames
 
@@ -312,12 +312,10 @@ class CodecVocoderLoop:
         self._first = max(0, first_chunk_frames)
 
     def init(self, request: dict[str, Any], slots: dict[str, Any]) -> CodecVocoderState:
-        first = request.get("first_chunk_frames")
-        first = self._first if first is None else int(first)
         return CodecVocoderState(
             slots=slots,
             active=request.get("codec_output", "codes") == "pcm",
-            first_chunk_frames=first or self._chunk,
+            first_chunk_frames=first_chunk_frames(request, self._first, self._chunk),
             chunk_frames=self._chunk,
         )
 

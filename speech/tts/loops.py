@@ -173,9 +173,8 @@ class VocoderLoop:
         self._backend = backend  # None: numpy on the CPU, bit-identical to hibari
 
     def init(self, request: dict[str, Any], slots: dict[str, Any]) -> VocoderState:
-        first = request.get("first_chunk_frames")
-        first = self._first if first is None else int(first)
-        return VocoderState(slots=slots, first_chunk_frames=first or self._chunk, chunk_frames=self._chunk)
+        first = first_chunk_frames(request, self._first, self._chunk)
+        return VocoderState(slots=slots, first_chunk_frames=first, chunk_frames=self._chunk)
 
     def _advance_segment(self, state: VocoderState) -> bool:
         """Move to the next segment (or sentence) with frames left; False when none is ready yet."""
@@ -230,6 +229,12 @@ class VocoderLoop:
 
     def finalize(self, state: VocoderState) -> dict[str, Any]:
         return {"sentences_vocoded": state.sentences_done}
+
+
+def first_chunk_frames(request: dict[str, Any], default: int, chunk: int) -> int:
+    """A sentence's first chunk size: the request's ``first_chunk_frames`` or the setting; 0 = ``chunk``."""
+    first = request.get("first_chunk_frames")
+    return (default if first is None else int(first)) or chunk
 
 
 def _batch_run(plans: Sequence[WorkPlan]) -> list[StepResult]:
