@@ -37,7 +37,7 @@ from omniweb.engine.contracts import (
     Waiting,
     WorkPlan,
 )
-from speech.tts.loops import SENTENCES, TALKER_DONE, TalkerLoop, first_chunk_frames, sentence_chunks
+from speech.tts.loops import SENTENCES, TALKER_DONE, TalkerLoop, first_chunk_frames, sentence_chunks, validate_voice
 from speech.tts.model import HibariTalker, SentenceFrames
 from speech.tts.vocoder import AcousticFrames
 
@@ -433,12 +433,7 @@ class CodecPipeline:
             raise ValueError("text must be a string")
         if request.get("codec_output", "codes") not in OUTPUTS:
             raise ValueError(f"codec_output must be one of {', '.join(OUTPUTS)}")
-        voice = request.get("voice")
-        if voice is not None and voice not in self.talker.caps.voices:
-            raise ValueError(f"Unknown voice '{voice}'; available voices: {', '.join(self.talker.caps.voices)}")
-        speed = float(request.get("speed") or 1.0)
-        if not 0.25 <= speed <= 4.0:
-            raise ValueError("speed must be between 0.25 and 4.0")
+        validate_voice(request, self.talker)
 
     def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
         return {"total_sentences": finals[0]["total_sentences"]}

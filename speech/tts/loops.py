@@ -292,6 +292,16 @@ def vocoder_backend() -> SpectralBackend | None:
         raise ImproperlyConfigured(f"OMNIWEB_DEVICE={settings.DEVICE!r}: {exc}") from exc
 
 
+def validate_voice(request: dict[str, Any], talker: HibariTalker) -> None:
+    """The talker settings of any pipeline that speaks: a voice on disk and a speed in range."""
+    voice = request.get("voice")
+    if voice is not None and voice not in talker.caps.voices:
+        raise ValueError(f"Unknown voice '{voice}'; available voices: {', '.join(talker.caps.voices)}")
+    speed = float(request.get("speed") or 1.0)
+    if not 0.25 <= speed <= 4.0:
+        raise ValueError("speed must be between 0.25 and 4.0")
+
+
 class TtsPipeline:
     """talker → vocoder for ``{"pipeline": "speech.tts", "text": ..., ...}`` requests."""
 
@@ -307,12 +317,7 @@ class TtsPipeline:
     def validate(self, request: dict[str, Any]) -> None:
         if not isinstance(request.get("text"), str):
             raise ValueError("text must be a string")
-        voice = request.get("voice")
-        if voice is not None and voice not in self.talker.caps.voices:
-            raise ValueError(f"Unknown voice '{voice}'; available voices: {', '.join(self.talker.caps.voices)}")
-        speed = float(request.get("speed") or 1.0)
-        if not 0.25 <= speed <= 4.0:
-            raise ValueError("speed must be between 0.25 and 4.0")
+        validate_voice(request, self.talker)
 
     def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
         return {"total_sentences": finals[0]["total_sentences"]}

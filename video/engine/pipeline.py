@@ -29,7 +29,7 @@ from typing import Any
 from django.conf import settings
 
 from omniweb.engine.contracts import DONE, Done, ResourceEstimate, ShapeSignature, StepResult, Waiting, WorkPlan
-from speech.tts.loops import TEXT_IN, TEXT_IN_DONE, TalkerLoop, VocoderLoop, vocoder_backend
+from speech.tts.loops import TEXT_IN, TEXT_IN_DONE, TalkerLoop, VocoderLoop, validate_voice, vocoder_backend
 from speech.tts.model import HibariTalker
 from video.asr import Transcriber, Transcription
 
@@ -235,9 +235,7 @@ class VideoTurnPipeline:
         modalities = request.get("modalities") or list(MODALITIES)
         if not isinstance(modalities, list) or not set(modalities) <= set(MODALITIES):
             raise ValueError("modalities must be a subset of ['text', 'audio']")
-        voice = request.get("voice")
-        if voice is not None and voice not in self.talker.caps.voices:
-            raise ValueError(f"Unknown voice '{voice}'; available voices: {', '.join(self.talker.caps.voices)}")
+        validate_voice(request, self.talker)
 
     def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
         thought = finals[0]
