@@ -23,6 +23,9 @@ logger = logging.getLogger(__name__)
 
 Sink = Callable[[dict[str, Any]], None]
 STREAM_GUARD = 0.1  # seconds: a playing stream this close to running dry outranks any new request
+# A request's ``priority``: "batch" (a client writing a file, not listening) is never paced and only
+# gets a worker when no real-time ("realtime", the default) work is ready.
+BATCH_PRIORITY = "batch"
 
 
 class AdmissionError(RuntimeError):
@@ -51,6 +54,10 @@ class _Job:
     media_seconds: float = 0.0
     finished: bool = False
 
+    @property
+    def batch(self) -> bool:
+        return self.request.get("priority") == BATCH_PRIORITY
+
     def deadline(self, plan: WorkPlan, first_media_budget: float, now: float) -> float:
         """Wall-clock time by which ``plan`` must have run for the listener to hear no gap.
 
@@ -71,7 +78,7 @@ class _Job:
 
     def release(self, plan: WorkPlan, max_ahead: float) -> float | None:
         """When an emitting step may run if the stream is paced ``max_ahead`` seconds ahead of its listener."""
-        if max_ahead <= 0 or not plan.emits or self.first_media_at is None:
+        if max_ahead <= 0 or not plan.emits or self.first_media_at is None or self.batch:
             return None
         return self.first_media_at + self.media_seconds - max_ahead
 
@@ -240,7 +247,7 @@ class Scheduler:
         return True
 
     def _pick(self) -> list[tuple[_Job, _Entry]]:
-        ready: list[tuple[tuple[float, int], _Job, _Entry]] = []
+        ready: list[tuple[tuple[bool, float, int], _Job, _Entry]] = []
         now = time.monotonic()
         self._next_release = None
         for job in list(self._active.values()):  # a failing loop leaves the table mid-iteration
@@ -254,7 +261,8 @@ class Scheduler:
                     if self._next_release is None or release < self._next_release:
                         self._next_release = release
                     continue
-                key = (job.deadline(e.plan, self._budget, now), 0 if e.plan.emits else 1)
+                # Real-time work first (earliest deadline first), batch work in what time is left.
+                key = (job.batch, job.deadline(e.plan, self._budget, now), 0 if e.plan.emits else 1)
                 ready.append((key, job, e))
         if not ready:
             return []
