@@ -383,3 +383,15 @@ def test_batch_priority_yields_to_real_time_requests(make_scheduler):
     assert first_live <= before + 1, log[before : first_live + 1]
     assert [name for name, _ in log[first_live : first_live + 3]] == ["live"] * 3
     sched.abort("file")
+
+
+def test_batch_priority_leaves_a_worker_free_for_real_time_arrivals(make_scheduler):
+    sched, _ = make_scheduler(workers=2, max_batch=1)
+    order = OrderLog()
+    for name in ("file-a", "file-b"):
+        sched.submit(name, {"pipeline": "count", "steps": 15, "delay": 0.02, "priority": "batch"}, order.sink(name))
+    most = 0
+    while not (order.ended["file-a"].is_set() and order.ended["file-b"].is_set()):
+        most = max(most, sched.stats().running_steps)
+        time.sleep(0.002)
+    assert most == 1, "two batch steps ran at once: no worker was left for a real-time arrival"

@@ -23,8 +23,10 @@ logger = logging.getLogger(__name__)
 
 Sink = Callable[[dict[str, Any]], None]
 STREAM_GUARD = 0.1  # seconds: a playing stream this close to running dry outranks any new request
-# A request's ``priority``: "batch" (a client writing a file, not listening) is never paced and only
-# gets a worker when no real-time ("realtime", the default) work is ready.
+# A request's ``priority``: "batch" (a client writing a file, not listening) is never paced, only
+# gets a worker when no real-time ("realtime", the default) work is ready, never takes the last free
+# worker (with two or more), and waits while a real-time request is still before its first audio, so
+# a real-time arrival neither waits for a batch step nor shares the machine with new ones.
 BATCH_PRIORITY = "batch"
 
 
@@ -128,6 +130,7 @@ class Scheduler:
         self._threads: list[threading.Thread] = []
         self._running = False
         self._running_steps = 0
+        self._batch_workers = 0  # workers running a batch-priority step now
         self._steps_total = 0
         self._batches_total = 0
         self._batched_steps_total = 0
@@ -250,11 +253,14 @@ class Scheduler:
         ready: list[tuple[tuple[bool, float, int], _Job, _Entry]] = []
         now = time.monotonic()
         self._next_release = None
+        batch_full = self._batch_workers >= max(1, self._n_workers - 1) or any(
+            not job.batch and job.first_media_at is None for job in self._active.values()
+        )
         for job in list(self._active.values()):  # a failing loop leaves the table mid-iteration
             if not self._poll(job):
                 continue
             for e in job.entries:
-                if e.plan is None or e.busy or not job.ready(e.plan):
+                if e.plan is None or e.busy or not job.ready(e.plan) or (job.batch and batch_full):
                     continue
                 release = job.release(e.plan, self._max_ahead)
                 if release is not None and release > now:  # far enough ahead of its listener: wait
@@ -343,9 +349,12 @@ class Scheduler:
                     plans.append(e.plan)
                     e.plan = None
                 self._running_steps += len(batch)
+                batch_worker = batch[0][0].batch  # the most urgent is batch: nothing real-time is ready
+                self._batch_workers += batch_worker
             results, error = self._run(plans)  # device work: outside the lock
             with self._cond:
                 self._running_steps -= len(batch)
+                self._batch_workers -= batch_worker
                 self._steps_total += len(batch)
                 if self._on_batch is not None and plans[0] is not None:
                     self._on_batch(plans[0].kind, len(batch))
