@@ -203,6 +203,7 @@ def test_speech_cancel_mid_stream_stops_playback(page, base_url):
     page.wait_for_function(f"Number(document.querySelector('#played').dataset.value) > {RATE}", timeout=20_000)
     page.click("#cancel")
     assert wait_state(page, "cancelled", timeout=5_000) == "cancelled"
+    shot(page, "speech-cancelled")
     page.wait_for_timeout(300)  # the stop fades out over 8 ms; the last report follows
     stopped_at = number(page, "#played")
     page.wait_for_timeout(1000)
@@ -359,6 +360,17 @@ def ask(pg: Any, text: str) -> None:
     pg.click("#ask")
 
 
+def answered(pg: Any, turns: int, timeout: float = 60_000) -> str:
+    """Wait until the conversation's ``turns``-th turn has ended; the page's state then."""
+    pg.wait_for_function(
+        """n => { const t = document.querySelectorAll('.turn');
+                  return t.length >= n && !['waiting', 'answering'].includes(t[n - 1].dataset.how); }""",
+        arg=turns,
+        timeout=timeout,
+    )
+    return pg.locator("#state").get_attribute("data-state")
+
+
 def test_video_counts_acks_and_answers_a_typed_question_aloud(page, base_url):
     frames = Frames(page)
     start_camera(page, base_url)
@@ -454,7 +466,7 @@ def test_video_second_question_stops_the_first_answer_at_once(page, base_url):
         }"""
     )
     ask(page, "How many faces are there?")
-    assert wait_state(page, "done|error", timeout=60_000) == "done", page.locator("#error").text_content()
+    assert answered(page, 2) == "done", page.locator("#error").text_content()
     log = page.evaluate("window.__audioLog")
     asked_at = page.evaluate("window.__askedAt")
     assert log and log[0][1] == "stopped", f"the first answer's audio did not stop first: {log}"
@@ -479,10 +491,10 @@ def test_video_speak_the_answer_toggle_keeps_the_session_state(page, base_url):
     frames = Frames(page)
     start_camera(page, base_url, fps="0.5")
     ask(page, "What do you see?")
-    assert wait_state(page, "done|error", timeout=60_000) == "done", page.locator("#error").text_content()
+    assert answered(page, 1) == "done", page.locator("#error").text_content()
     page.uncheck("#speak-answer")
     ask(page, "How many faces are there?")
-    assert wait_state(page, "done|error", timeout=60_000) == "done", page.locator("#error").text_content()
+    assert answered(page, 2) == "done", page.locator("#error").text_content()
     assert page.locator("#error").is_hidden()
     configs = frames.sent_of_type("session.config")
     assert [c["modalities"] for c in configs] == [["text", "audio"], ["text"]]
@@ -548,9 +560,9 @@ def test_video_conversation_lists_turns_and_plays_answers_again(page, base_url):
     start_camera(page, base_url)
     page.wait_for_selector("#conversation-empty:not([hidden])")
     first_answer_samples = 0
-    for question in ("What do you see?", "Is it bright?"):
+    for i, question in enumerate(("What do you see?", "Is it bright?"), 1):
         ask(page, question)
-        assert wait_state(page, "done|error", timeout=60_000) == "done", page.locator("#error").text_content()
+        assert answered(page, i) == "done", page.locator("#error").text_content()
         first_answer_samples = first_answer_samples or number(page, "#played")  # played out in full
     assert page.locator("#conversation-empty").is_hidden()
     turns = page.locator(".turn")

@@ -266,7 +266,7 @@ function startTalking() {
   ui.talk.setAttribute("aria-pressed", "true");
   ui.talk.textContent = "Listening… release to send";
   mic.context.resume();
-  connection.open().catch((err) => showError(ui.error, err.message));
+  ensureSession().catch((err) => showError(ui.error, err.message)); // the audio goes to the session that answers
 }
 
 function stopTalking(send = true) {
@@ -328,25 +328,35 @@ async function ask(text, label) {
     ui.start.focus();
     return;
   }
-  try {
-    if (connection.isOpen && sessionModalities !== wantedModalities()) {
-      // "Speak the answer" changed: the protocol fixes modalities per session, so start a new one
-      // (onOpen sends the recent frames again; the conversation on screen stays).
-      connection.close();
-    }
-    await connection.open();
-  } catch (err) {
-    showError(ui.error, err.message);
-    return;
-  }
   interruptAnswer();
   stopReplay();
-  connection.send({ type: "video.query", text });
-  question = addTurn(text, label);
+  const q = addTurn(text, label); // on screen at once, also while a new session opens
+  question = q;
   awaitingStart = true;
   ui.firstText.textContent = "–";
   ui.firstAudio.textContent = "–";
   setState("thinking", text ? "Thinking…" : "Listening back to you…");
+  try {
+    await ensureSession();
+  } catch (err) {
+    showError(ui.error, err.message);
+    finish(q, "failed");
+    setState("error", "Not connected: the message above says why.");
+    return;
+  }
+  if (question !== q || q.done) return; // another question (or Stop) came while connecting
+  q.sentAt = nowMs();
+  connection.send({ type: "video.query", text });
+}
+
+/**
+ * The open session, configured as the page's options say. "Speak the answer" sets the session's
+ * modalities, which the protocol fixes per session: when it changed, start a new session (its
+ * onOpen sends the recent frames again; the conversation on screen stays).
+ */
+async function ensureSession() {
+  if (connection.isOpen && sessionModalities !== wantedModalities()) connection.close();
+  await connection.open();
 }
 
 /** A conversation entry: the question (typed, or as heard) and its answer, newest at the bottom. */
