@@ -6,6 +6,8 @@ daphne to show the batch priority the command asks for is accepted end to end.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import subprocess
 import sys
 import wave
@@ -75,3 +77,15 @@ def test_speak_writes_a_file_at_batch_priority_on_a_paced_server(tmp_path):
         assert "sentence 1:" in result.stdout
         with wave.open(str(out)) as w:
             assert w.getframerate() == 24000 and w.getnframes() > 24000 * 3
+        assert asyncio.run(first_reply(base, {"priority": "urgent"}))["message"].startswith(
+            "Invalid session config: priority"
+        )
+
+
+async def first_reply(base: str, fields: dict[str, object]) -> dict[str, object]:
+    """The server's answer to a session.config with ``fields`` (a refused config is fatal: an error)."""
+    import websockets
+
+    async with websockets.connect(base.replace("http://", "ws://") + "/v1/audio/speech/stream") as ws:
+        await ws.send(json.dumps({"type": "session.config", **fields}))
+        return json.loads(await asyncio.wait_for(ws.recv(), 10))

@@ -335,7 +335,7 @@ async function ask(text, label) {
   awaitingStart = true;
   ui.firstText.textContent = "–";
   ui.firstAudio.textContent = "–";
-  setState("thinking", text ? "Thinking…" : "Listening back to you…");
+  setState("thinking", text ? "Thinking…" : "Working out what you said…");
   try {
     await ensureSession();
   } catch (err) {
