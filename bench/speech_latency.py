@@ -156,7 +156,7 @@ class Utterance:
 
     @property
     def rtf(self) -> float:
-        """Audio seconds received per wall second, from first audio to session.done."""
+        """Speed: audio seconds received per wall second, first audio to session.done (1/RTF, "× real time")."""
         if self.t_first is None or self.t_end is None:
             return math.nan
         wall = self.t_end - self.t_first
@@ -617,7 +617,7 @@ def report(s1: Section1, s2: Section2, levels: list[Level], meta: dict[str, Any]
             continue
         out(f"\n{titles[mode]}\n")
         out(
-            "| sessions | utterances ok | first audio p50 ms | p95 ms | max ms | RTF p50 | RTF min "
+            "| sessions | utterances ok | first audio p50 ms | p95 ms | max ms | × real time p50 | × real time min "
             "| utterances with gaps | worst lateness ms | late frames | wall s | server CPU s | bench CPU s |"
         )
         out("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -641,8 +641,8 @@ def report(s1: Section1, s2: Section2, levels: list[Level], meta: dict[str, Any]
         all_fast, no_gaps, p95_ok = target_level.meets_targets()
         verdicts.append(
             (
-                f"{n} sessions{tag}: every stream faster than real time (min RTF "
-                f"{min(target_level.rtfs, default=math.nan):.2f}, failures {target_level.failures})",
+                f"{n} sessions{tag}: every stream faster than real time (slowest "
+                f"{min(target_level.rtfs, default=math.nan):.2f}× real time, failures {target_level.failures})",
                 all_fast,
             )
         )

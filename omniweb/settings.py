@@ -180,7 +180,10 @@ VIDEO_ASR_BEAM_SIZE = env_int("VIDEO_ASR_BEAM_SIZE", 1)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    # Times in UTC (ISO 8601 with a Z), whatever the machine's zone.
+    "formatters": {
+        "plain": {"()": "omniweb.logs.UTCFormatter", "fmt": "%(asctime)s %(levelname)s %(name)s: %(message)s"}
+    },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }

@@ -236,6 +236,7 @@ class SpeechStreamConsumer(SessionConsumer):
             "timestamps": config.word_timestamps,
             "first_chunk_frames": config.initial_codec_chunk_frames,
             "max_frames": config.max_new_tokens,
+            "priority": config.priority,
         }
         if codec is not None:
             # As the reference's codec request: no timestamps, no vocoder chunking (nothing is vocoded).

@@ -55,6 +55,9 @@ class SessionConfig(BaseModel):
     # omniweb extension: "codec" makes the audio by decoding the codec_tokens stream on the server,
     # so it is sample for sample what a client decoding that stream plays.
     vocoder: Literal["hibari", "codec"] = "hibari"
+    # omniweb extension: "batch" for a client that writes a file rather than listening: its audio is
+    # made as fast as the engine can (not paced to playback), in the time real-time sessions leave.
+    priority: Literal["realtime", "batch"] = "realtime"
 
     @model_validator(mode="after")
     def _check_combinations(self) -> SessionConfig:

@@ -188,8 +188,9 @@ def test_speech_plays_every_sample_and_lights_words_in_order(page, base_url):
     assert abs(span - expected) < 150, f"sentence 2 lit over {span:.0f} ms; its words span {expected} ms"
     assert page.locator("#ttfa").text_content().endswith("ms") or page.locator("#ttfa").text_content().endswith("s")
     assert float(page.locator("#rtf").text_content()) > 0
-    href = page.locator("#download").get_attribute("href")
-    assert page.locator("#download").is_visible() and href.startswith("blob:")
+    # What was heard is kept in the history, as a WAV of every sample.
+    href = page.locator(".history-item .download").get_attribute("href")
+    assert href.startswith("blob:")
     wav_bytes = page.evaluate("async url => (await (await fetch(url)).arrayBuffer()).byteLength", href)
     assert wav_bytes == 44 + 2 * sent_samples
 
@@ -202,6 +203,7 @@ def test_speech_cancel_mid_stream_stops_playback(page, base_url):
     page.wait_for_function(f"Number(document.querySelector('#played').dataset.value) > {RATE}", timeout=20_000)
     page.click("#cancel")
     assert wait_state(page, "cancelled", timeout=5_000) == "cancelled"
+    shot(page, "speech-cancelled")
     page.wait_for_timeout(300)  # the stop fades out over 8 ms; the last report follows
     stopped_at = number(page, "#played")
     page.wait_for_timeout(1000)
@@ -339,8 +341,15 @@ def test_speech_reconnects_after_a_dropped_connection(page, proxied_url):
 # -- video -----------------------------------------------------------------------------------------
 
 
-def start_camera(pg: Any, base_url: str) -> None:
+LAST_ANSWER = ".turn:last-child .answer-text"
+START_CAMERA = "Start the camera first: the answers are about what it sees."
+
+
+def start_camera(pg: Any, base_url: str, fps: str = "1") -> None:
     pg.goto(base_url + "/video/")
+    if fps != "1":
+        pg.click("#details summary")
+        pg.select_option("#fps", fps)
     pg.click("#start")
     pg.wait_for_selector("#camera-badge:text('Live')", timeout=10_000)
     pg.wait_for_function("Number(document.querySelector('#accepted').dataset.value) >= 2", timeout=15_000)
@@ -349,6 +358,17 @@ def start_camera(pg: Any, base_url: str) -> None:
 def ask(pg: Any, text: str) -> None:
     pg.fill("#question", text)
     pg.click("#ask")
+
+
+def answered(pg: Any, turns: int, timeout: float = 60_000) -> str:
+    """Wait until the conversation's ``turns``-th turn has ended; the page's state then."""
+    pg.wait_for_function(
+        """n => { const t = document.querySelectorAll('.turn');
+                  return t.length >= n && !['waiting', 'answering'].includes(t[n - 1].dataset.how); }""",
+        arg=turns,
+        timeout=timeout,
+    )
+    return pg.locator("#state").get_attribute("data-state")
 
 
 def test_video_counts_acks_and_answers_a_typed_question_aloud(page, base_url):
@@ -363,23 +383,25 @@ def test_video_counts_acks_and_answers_a_typed_question_aloud(page, base_url):
     assert page.locator("#ack-latency").text_content() != "–"
 
     ask(page, "What do you see?")
-    page.wait_for_function("document.querySelector('#answer').textContent.trim().length > 0", timeout=30_000)
-    page.wait_for_selector("#audio-state[data-state='playing']", timeout=30_000)
-    shot(page, "video")
+    page.wait_for_function(f"document.querySelector('{LAST_ANSWER}').textContent.trim().length > 0", timeout=30_000)
+    page.wait_for_selector("#audio-state[data-state='playing']", state="attached", timeout=30_000)
+    shot(page, "video-speaking")
     assert wait_state(page, "done|error", timeout=60_000) == "done", page.locator("#error").text_content()
     (done,) = frames.of_type("response.text.done")
-    assert page.locator("#answer").text_content() == done["text"]
+    assert page.locator(LAST_ANSWER).text_content() == done["text"]
     assert number(page, "#played") > RATE // 2  # the spoken answer reached the speakers
     assert page.locator("#first-text").text_content() != "–" and page.locator("#first-audio").text_content() != "–"
 
 
-def test_video_error_is_shown_in_words(page, base_url):
-    """No camera yet: the server refuses the question and the page says so."""
+def test_video_before_the_camera_ask_says_to_start_it(page, base_url):
+    """No camera yet: the page says what to do instead of sending a question the server must refuse."""
+    frames = Frames(page)
     page.goto(base_url + "/video/")
+    shot(page, "video-idle")
     ask(page, "What do you see?")
-    page.wait_for_selector("#error:not([hidden])", timeout=15_000)
-    assert page.locator("#error").text_content() == "The server said: No frames buffered"
-    assert wait_state(page, "error") == "error"
+    page.wait_for_selector("#error:not([hidden])", timeout=5_000)
+    assert page.locator("#error").text_content() == START_CAMERA
+    assert frames.sent_of_type("video.query") == []
 
 
 def hold_talk(page: Any, ms: int) -> None:
@@ -432,7 +454,7 @@ def test_video_second_question_stops_the_first_answer_at_once(page, base_url):
     frames = Frames(page)
     start_camera(page, base_url)
     ask(page, "Describe what you see.")
-    page.wait_for_selector("#audio-state[data-state='playing']", timeout=30_000)
+    page.wait_for_selector("#audio-state[data-state='playing']", state="attached", timeout=30_000)
     # Watch the answer's audio state from inside the page, so the order of events is exact.
     page.evaluate(
         """() => {
@@ -444,13 +466,263 @@ def test_video_second_question_stops_the_first_answer_at_once(page, base_url):
         }"""
     )
     ask(page, "How many faces are there?")
-    assert wait_state(page, "done|error", timeout=60_000) == "done", page.locator("#error").text_content()
+    assert answered(page, 2) == "done", page.locator("#error").text_content()
     log = page.evaluate("window.__audioLog")
     asked_at = page.evaluate("window.__askedAt")
     assert log and log[0][1] == "stopped", f"the first answer's audio did not stop first: {log}"
     assert log[0][0] - asked_at < 300, f"stopping took {log[0][0] - asked_at:.0f} ms"
-    earlier = page.locator("#earlier li")
-    assert earlier.count() == 2
-    assert earlier.nth(1).get_attribute("data-how") == "interrupted"
-    assert earlier.nth(0).get_attribute("data-how") == "answered"
-    assert page.locator("#answer").text_content() == frames.of_type("response.text.done")[-1]["text"]
+    turns = page.locator(".turn")
+    assert turns.count() == 2
+    assert turns.nth(0).get_attribute("data-how") == "interrupted"
+    assert turns.nth(1).get_attribute("data-how") == "answered"
+    assert page.locator(LAST_ANSWER).text_content() == frames.of_type("response.text.done")[-1]["text"]
+
+
+# -- issue 16: defects, conversation, history, schemes, phone widths -------------------------------
+
+
+def test_video_speak_the_answer_toggle_keeps_the_session_state(page, base_url):
+    """Unticking "Speak the answer" changes the session's modalities without losing its frames.
+
+    The protocol fixes modalities per session, so the page starts a new one at the next question and
+    sends it the latest frames first: the question right after the toggle is answered (at one frame
+    every 2 s the new session would otherwise have none), and the conversation stays on screen.
+    """
+    frames = Frames(page)
+    start_camera(page, base_url, fps="0.5")
+    ask(page, "What do you see?")
+    assert answered(page, 1) == "done", page.locator("#error").text_content()
+    page.uncheck("#speak-answer")
+    ask(page, "How many faces are there?")
+    assert answered(page, 2) == "done", page.locator("#error").text_content()
+    assert page.locator("#error").is_hidden()
+    configs = frames.sent_of_type("session.config")
+    assert [c["modalities"] for c in configs] == [["text", "audio"], ["text"]]
+    assert not any(m.get("message") == "No frames buffered" for m in frames.of_type("error"))
+    turns = page.locator(".turn")
+    assert turns.count() == 2 and turns.nth(0).locator(".replay").count() == 1  # the first kept its audio
+    assert turns.nth(1).locator(".replay").count() == 0  # text only
+    assert page.locator(LAST_ANSWER).text_content() == frames.of_type("response.text.done")[-1]["text"]
+
+
+def test_video_stop_clears_the_error_and_ask_says_to_start_the_camera(page, base_url):
+    frames = Frames(page)
+    start_camera(page, base_url)
+    hold_talk(page, 100)  # a tap: the page shows an error
+    page.wait_for_selector("#error:not([hidden])", timeout=5_000)
+    page.click("#stop")
+    assert page.locator("#error").is_hidden(), "the old error stayed after Stop"
+    ask(page, "What do you see?")
+    page.wait_for_selector("#error:not([hidden])", timeout=5_000)
+    assert page.locator("#error").text_content() == START_CAMERA
+    page.wait_for_timeout(300)
+    assert frames.sent_of_type("video.query") == []
+    shot(page, "video-error")
+
+
+def test_video_nothing_heard_is_said_in_words(page, base_url):
+    """An empty transcript shows as "Nothing was heard", never as empty quotes.
+
+    Test double: the page's socket goes through Playwright's WebSocket route, which blanks the
+    server's input.transcript (the fake microphone's beep is not reliably heard as nothing).
+    """
+
+    def route(ws: Any) -> None:
+        server = ws.connect_to_server()
+
+        def from_server(message: str | bytes) -> None:
+            if isinstance(message, str) and '"input.transcript"' in message:
+                message = json.dumps({**json.loads(message), "text": ""})
+            ws.send(message)
+
+        server.on_message(from_server)
+        ws.on_message(lambda message: server.send(message))
+
+    page.route_web_socket("**/v1/video/chat/stream", route)
+    start_camera(page, base_url)
+    hold_talk(page, 1200)
+    page.wait_for_selector(".turn .question.unheard", timeout=60_000)
+    text = page.locator(".turn .question-text").text_content()
+    assert text.startswith("Nothing was heard") and "“”" not in page.inner_text(".conversation")
+    wait_state(page, "done|error", timeout=60_000)
+
+
+def test_video_frame_counter_wording_is_not_data_loss(page, base_url):
+    page.goto(base_url + "/video/")
+    page.click("#details summary")
+    labels = page.locator(".counter small").all_text_contents()
+    assert "dropped (buffer full)" not in labels and "rolled off (oldest)" in labels
+    assert "pushes out the oldest" in page.locator("#counters-hint").text_content()
+
+
+def test_video_conversation_lists_turns_and_plays_answers_again(page, base_url):
+    frames = Frames(page)
+    start_camera(page, base_url)
+    page.wait_for_selector("#conversation-empty:not([hidden])")
+    first_answer_samples = 0
+    for i, question in enumerate(("What do you see?", "Is it bright?"), 1):
+        ask(page, question)
+        assert answered(page, i) == "done", page.locator("#error").text_content()
+        first_answer_samples = first_answer_samples or number(page, "#played")  # played out in full
+    assert page.locator("#conversation-empty").is_hidden()
+    turns = page.locator(".turn")
+    assert turns.count() == 2
+    assert turns.locator(".question-text").all_text_contents() == ["What do you see?", "Is it bright?"]
+    answers = [d["text"] for d in frames.of_type("response.text.done")]
+    assert turns.locator(".answer-text").all_text_contents() == answers  # newest at the bottom
+    shot(page, "video-conversation")
+    turns.nth(0).locator(".replay").click()
+    page.wait_for_selector("#audio-state[data-state='playing']", state="attached", timeout=10_000)
+    assert wait_state(page, "done", timeout=30_000) == "done"
+    assert number(page, "#played") == first_answer_samples > RATE // 2  # the first answer, all of it again
+    assert len(frames.sent_of_type("video.query")) == 2  # playing again asks the server nothing
+
+
+def test_video_states_listening_and_thinking(page, base_url):
+    start_camera(page, base_url)
+    shot(page, "video-ready")
+    page.focus("#talk")
+    page.keyboard.down("Space")
+    page.wait_for_selector("#state[data-state='listening']")
+    page.wait_for_timeout(700)
+    shot(page, "video-listening")
+    page.keyboard.up("Space")
+    page.wait_for_selector("#state[data-state='thinking']", timeout=5_000)
+    shot(page, "video-thinking")
+    wait_state(page, "done|error", timeout=60_000)
+
+
+def test_video_answer_is_visible_without_scrolling_on_a_phone(browser, base_url):
+    context = browser.new_context(viewport={"width": 360, "height": 740}, is_mobile=True, has_touch=True)
+    try:
+        pg = context.new_page()
+        start_camera(pg, base_url)
+        ask(pg, "What do you see?")
+        assert wait_state(pg, "done|error", timeout=60_000) == "done"
+        box = pg.evaluate(
+            f"""() => {{
+              const r = document.querySelector('{LAST_ANSWER}').getBoundingClientRect();
+              return {{ top: r.top, bottom: r.bottom, height: innerHeight, scrollY }};
+            }}"""
+        )
+        assert box["scrollY"] == 0 and 0 <= box["top"] < box["height"], box
+        assert pg.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
+        pg.screenshot(path=str(SCREENSHOTS / "video-phone-answer.png"))  # the first screen, as seen
+    finally:
+        context.close()
+
+
+def test_speech_speed_works_in_codec_delivery(page, base_url):
+    frames = Frames(page)
+    page.goto(base_url + "/speech/")
+    page.select_option("#mode", "codec")
+    assert page.locator("#speed").is_enabled()
+    page.eval_on_selector("#speed", "el => { el.value = '1.5'; el.dispatchEvent(new Event('input')); }")
+    page.fill("#text", "Faster, please.")
+    page.click("#speak")
+    assert wait_state(page, "done|error") == "done", page.locator("#error").text_content()
+    config = frames.sent_of_type("session.config")[-1]
+    assert config["output_mode"] == "codec_tokens" and config["speed"] == 1.5
+    assert "1.50×" in page.locator(".history-item .meta").text_content()
+
+
+def test_speech_history_plays_downloads_and_clears(page, base_url):
+    frames = Frames(page)
+    page.goto(base_url + "/speech/")
+    assert page.locator("#history-empty").is_visible() and page.locator("#clear-history").is_disabled()
+    page.fill("#text", "")
+    page.click("#speak")
+    shot(page, "speech-error")
+    page.fill("#text", "The first thing I said.")
+    page.click("#speak")
+    page.wait_for_selector("#state[data-state='speaking'], #state[data-state='playing']")
+    shot(page, "speech-speaking")
+    assert wait_state(page, "done|error") == "done"
+    page.select_option("#mode", "file")
+    page.select_option("#format", "mp3")
+    page.fill("#text", "And then a second one.")
+    page.click("#speak")
+    assert wait_state(page, "done|error") == "done", page.locator("#error").text_content()
+    items = page.locator(".history-item")
+    assert items.count() == 2
+    assert items.locator(".said").all_text_contents() == ["And then a second one.", "The first thing I said."]
+    voice = page.locator("#voice").input_value()
+    metas = items.locator(".meta").all_text_contents()
+    assert metas[0].startswith(f"{voice} · mp3 files") and metas[1].startswith(f"{voice} · streamed PCM")
+    shot(page, "speech-history")
+    # The player plays it (every sample the server sent for the first utterance) ...
+    first_samples = sum(d["total_bytes"] for d in frames.of_type("audio.done") if d["utterance_index"] == 0) // 2
+    duration = (
+        items.nth(1)
+        .locator("audio")
+        .evaluate(
+            "a => new Promise(ok => a.readyState >= 1 ? ok(a.duration)"
+            " : a.addEventListener('loadedmetadata', () => ok(a.duration)))"
+        )
+    )
+    assert abs(duration - first_samples / RATE) < 0.01
+    items.nth(1).locator("audio").evaluate("a => a.play()")
+    page.wait_for_function("document.querySelectorAll('.history-item audio')[1].currentTime > 0.2", timeout=10_000)
+    # ... and the download is that audio as a WAV file.
+    download = items.nth(1).locator(".download")
+    assert download.get_attribute("download").endswith(".wav")
+    size = page.evaluate(
+        "async url => (await (await fetch(url)).arrayBuffer()).byteLength", download.get_attribute("href")
+    )
+    assert size == 44 + 2 * first_samples
+    page.click("#clear-history")
+    assert items.count() == 0 and page.locator("#history-empty").is_visible()
+
+
+def relative_luminance(rgb: str) -> float:
+    channels = [int(c) / 255 for c in rgb[rgb.index("(") + 1 : rgb.index(")")].split(",")[:3]]
+    lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def contrast(a: str, b: str) -> float:
+    la, lb = sorted((relative_luminance(a), relative_luminance(b)), reverse=True)
+    return (la + 0.05) / (lb + 0.05)
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_colour_scheme_follows_the_system_setting(browser, base_url, scheme):
+    context = browser.new_context(viewport={"width": 1100, "height": 900}, color_scheme=scheme)
+    try:
+        pg = context.new_page()
+        for path, name in (("/", "index"), ("/speech/", "speech"), ("/video/", "video")):
+            pg.goto(base_url + path)
+            colours = pg.evaluate(
+                """() => {
+                  const css = (sel, prop) => getComputedStyle(document.querySelector(sel))[prop];
+                  return { bg: css('body', 'backgroundColor'), fg: css('body', 'color'),
+                           panel: css('.panel', 'backgroundColor'), muted: css('.lead', 'color') };
+                }"""
+            )
+            dark = relative_luminance(colours["bg"]) < 0.05
+            assert dark == (scheme == "dark"), (path, colours)
+            assert contrast(colours["fg"], colours["bg"]) >= 7, (path, colours)
+            assert contrast(colours["muted"], colours["panel"]) >= 4.5, (path, colours)
+            assert contrast(colours["muted"], colours["bg"]) >= 4.5, (path, colours)
+            if path != "/":
+                pg.click("#details summary")
+            shot(pg, f"{name}-{scheme}")
+    finally:
+        context.close()
+
+
+def test_error_pages_are_styled(page, base_url):
+    response = page.goto(base_url + "/no/such/page")
+    assert response.status == 404
+    assert page.locator("h1").text_content() == "There is no page here"
+    assert page.evaluate("getComputedStyle(document.querySelector('.oops')).textAlign") == "center"
+    assert page.locator("a[href='/speech/']").count() >= 1
+    shot(page, "404")
+    icon = page.locator("link[rel='icon']").get_attribute("href")
+    assert page.request.get(base_url + icon).status == 200
+    from django.template.loader import render_to_string
+
+    page.set_content(render_to_string("500.html"))  # same origin: its stylesheet loads from the server
+    page.wait_for_load_state("load")
+    assert page.locator("h1").text_content() == "Something went wrong on the server"
+    shot(page, "500")

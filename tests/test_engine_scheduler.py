@@ -330,3 +330,68 @@ def test_pacing_does_not_delay_a_second_stream(make_scheduler):
     assert fresh.ended.wait(1)
     assert time.monotonic() - started < 0.2
     sched.abort("long")
+
+
+class OrderLog:
+    """One sink per request writing into a shared log, so the order of steps across requests is exact."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int]] = []
+        self.lock = threading.Lock()
+        self.ended: dict[str, threading.Event] = {}
+
+    def sink(self, name: str) -> Any:
+        self.ended[name] = threading.Event()
+
+        def put(chunk: dict[str, Any]) -> None:
+            with self.lock:
+                if chunk["type"] == "tick":
+                    self.log.append((name, chunk["i"]))
+                elif chunk["type"] == "end":
+                    self.ended[name].set()
+
+        return put
+
+
+def test_batch_priority_is_not_paced(make_scheduler):
+    """A client writing a file declares priority "batch": its stream runs ahead of any listener."""
+    sched, _ = make_scheduler(workers=1, max_ahead=0.3)
+    order = OrderLog()
+    sched.submit("listener", {"pipeline": "count", "steps": 12}, order.sink("listener"))  # paced: ~0.9 s
+    sched.submit("file", {"pipeline": "count", "steps": 12, "priority": "batch"}, order.sink("file"))
+    assert order.ended["file"].wait(5)
+    assert not order.ended["listener"].is_set(), "the batch request waited for pacing like the listener"
+    assert order.ended["listener"].wait(5)
+    assert [i for name, i in order.log if name == "file"] == list(range(12))
+
+
+def test_batch_priority_yields_to_real_time_requests(make_scheduler):
+    sched, _ = make_scheduler(workers=1, max_batch=1)
+    order = OrderLog()
+    # Slower than real time (0.12 s a step for 0.1 s of media): by deadline alone it would go first.
+    sched.submit("file", {"pipeline": "count", "steps": 40, "delay": 0.12, "priority": "batch"}, order.sink("file"))
+    while len(order.log) < 3:
+        time.sleep(0.01)
+    with order.lock:
+        before = len(order.log)
+        sched.submit("live", {"pipeline": "count", "steps": 3}, order.sink("live"))
+    assert order.ended["live"].wait(5)
+    with order.lock:
+        log = list(order.log)
+    # At most the batch step already running when "live" arrived comes first, then all of live's.
+    first_live = log.index(("live", 0))
+    assert first_live <= before + 1, log[before : first_live + 1]
+    assert [name for name, _ in log[first_live : first_live + 3]] == ["live"] * 3
+    sched.abort("file")
+
+
+def test_batch_priority_leaves_a_worker_free_for_real_time_arrivals(make_scheduler):
+    sched, _ = make_scheduler(workers=2, max_batch=1)
+    order = OrderLog()
+    for name in ("file-a", "file-b"):
+        sched.submit(name, {"pipeline": "count", "steps": 15, "delay": 0.02, "priority": "batch"}, order.sink(name))
+    most = 0
+    while not (order.ended["file-a"].is_set() and order.ended["file-b"].is_set()):
+        most = max(most, sched.stats().running_steps)
+        time.sleep(0.002)
+    assert most == 1, "two batch steps ran at once: no worker was left for a real-time arrival"

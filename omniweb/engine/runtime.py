@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable
 
 from django.conf import settings
@@ -14,6 +16,7 @@ from .contracts import Pipeline
 from .scheduler import Scheduler
 
 _factories: dict[str, Callable[[], Pipeline]] = {}
+logger = logging.getLogger(__name__)
 _lock = threading.Lock()
 _scheduler: Scheduler | None = None
 _client: EngineClient | None = None
@@ -28,6 +31,7 @@ def get_scheduler() -> Scheduler:
     global _scheduler
     with _lock:
         if _scheduler is None:
+            started = time.monotonic()
             pipelines = {name: factory() for name, factory in _factories.items()}
             sched = Scheduler(
                 pipelines,
@@ -42,6 +46,12 @@ def get_scheduler() -> Scheduler:
             )
             sched.start()
             _scheduler = sched
+            logger.info(
+                "ready: models loaded in %.1f s (%s); the engine serves requests on %d workers",
+                time.monotonic() - started,
+                ", ".join(pipelines),
+                settings.ENGINE_WORKERS,
+            )
         return _scheduler
 
 

@@ -23,6 +23,11 @@ logger = logging.getLogger(__name__)
 
 Sink = Callable[[dict[str, Any]], None]
 STREAM_GUARD = 0.1  # seconds: a playing stream this close to running dry outranks any new request
+# A request's ``priority``: "batch" (a client writing a file, not listening) is never paced, only
+# gets a worker when no real-time ("realtime", the default) work is ready, never takes the last free
+# worker (with two or more), and waits while a real-time request is still before its first audio, so
+# a real-time arrival neither waits for a batch step nor shares the machine with new ones.
+BATCH_PRIORITY = "batch"
 
 
 class AdmissionError(RuntimeError):
@@ -51,6 +56,10 @@ class _Job:
     media_seconds: float = 0.0
     finished: bool = False
 
+    @property
+    def batch(self) -> bool:
+        return self.request.get("priority") == BATCH_PRIORITY
+
     def deadline(self, plan: WorkPlan, first_media_budget: float, now: float) -> float:
         """Wall-clock time by which ``plan`` must have run for the listener to hear no gap.
 
@@ -71,7 +80,7 @@ class _Job:
 
     def release(self, plan: WorkPlan, max_ahead: float) -> float | None:
         """When an emitting step may run if the stream is paced ``max_ahead`` seconds ahead of its listener."""
-        if max_ahead <= 0 or not plan.emits or self.first_media_at is None:
+        if max_ahead <= 0 or not plan.emits or self.first_media_at is None or self.batch:
             return None
         return self.first_media_at + self.media_seconds - max_ahead
 
@@ -121,6 +130,7 @@ class Scheduler:
         self._threads: list[threading.Thread] = []
         self._running = False
         self._running_steps = 0
+        self._batch_workers = 0  # workers running a batch-priority step now
         self._steps_total = 0
         self._batches_total = 0
         self._batched_steps_total = 0
@@ -240,21 +250,25 @@ class Scheduler:
         return True
 
     def _pick(self) -> list[tuple[_Job, _Entry]]:
-        ready: list[tuple[tuple[float, int], _Job, _Entry]] = []
+        ready: list[tuple[tuple[bool, float, int], _Job, _Entry]] = []
         now = time.monotonic()
         self._next_release = None
+        batch_full = self._batch_workers >= max(1, self._n_workers - 1) or any(
+            not job.batch and job.first_media_at is None for job in self._active.values()
+        )
         for job in list(self._active.values()):  # a failing loop leaves the table mid-iteration
             if not self._poll(job):
                 continue
             for e in job.entries:
-                if e.plan is None or e.busy or not job.ready(e.plan):
+                if e.plan is None or e.busy or not job.ready(e.plan) or (job.batch and batch_full):
                     continue
                 release = job.release(e.plan, self._max_ahead)
                 if release is not None and release > now:  # far enough ahead of its listener: wait
                     if self._next_release is None or release < self._next_release:
                         self._next_release = release
                     continue
-                key = (job.deadline(e.plan, self._budget, now), 0 if e.plan.emits else 1)
+                # Real-time work first (earliest deadline first), batch work in what time is left.
+                key = (job.batch, job.deadline(e.plan, self._budget, now), 0 if e.plan.emits else 1)
                 ready.append((key, job, e))
         if not ready:
             return []
@@ -335,9 +349,12 @@ class Scheduler:
                     plans.append(e.plan)
                     e.plan = None
                 self._running_steps += len(batch)
+                batch_worker = batch[0][0].batch  # the most urgent is batch: nothing real-time is ready
+                self._batch_workers += batch_worker
             results, error = self._run(plans)  # device work: outside the lock
             with self._cond:
                 self._running_steps -= len(batch)
+                self._batch_workers -= batch_worker
                 self._steps_total += len(batch)
                 if self._on_batch is not None and plans[0] is not None:
                     self._on_batch(plans[0].kind, len(batch))

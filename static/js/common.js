@@ -268,8 +268,8 @@ export function showMs(el, ms) {
   el.dataset.ms = ms.toFixed(1);
 }
 
-/** Show a page's state in words; data-state drives its styling. */
+/** Show a page's state in words (in its .label when it has one); data-state drives its styling. */
 export function setStateText(el, state, text) {
   el.dataset.state = state;
-  el.textContent = text;
+  (el.querySelector(".label") ?? el).textContent = text;
 }

@@ -20,6 +20,7 @@ const PAGE = JSON.parse(document.getElementById("speech-page").textContent);
 const RATE = PAGE.sample_rate;
 const MAX_TEXT_PIECE = 16000; // characters per input.text: JSON escaping stays far below the 128 KiB limit
 const LIVE_DEBOUNCE_MS = 300;
+const HISTORY_MAX = 20; // kept utterances (their audio stays in memory until cleared)
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -35,7 +36,9 @@ const ui = {
   modeHint: $("mode-hint"),
   speak: $("speak"),
   cancel: $("cancel"),
-  download: $("download"),
+  history: $("history"),
+  historyEmpty: $("history-empty"),
+  clearHistory: $("clear-history"),
   conn: $("conn"),
   state: $("state"),
   error: $("error"),
@@ -91,17 +94,16 @@ function modeHint(mode) {
     return "Streamed 16-bit PCM at 24 kHz, played as it arrives. Speed is fixed at 1× when streaming.";
   }
   if (mode === "codec") {
-    return "The server sends codec tokens; this page turns them into audio itself.";
+    return "The server sends codec tokens (about 24× fewer bytes than PCM); this page turns them into audio itself. Words do not light up in this mode.";
   }
   return `Each sentence arrives as one ${ui.format.value} file once it is made; words do not light up in this mode.`;
 }
 
 function syncOptions() {
   const mode = ui.mode.value;
-  const streaming = mode !== "file";
-  ui.format.disabled = streaming;
-  ui.speed.disabled = streaming;
-  if (streaming) ui.speed.value = "1";
+  ui.format.disabled = mode !== "file";
+  ui.speed.disabled = mode === "stream"; // the protocol streams PCM at 1× only
+  if (mode === "stream") ui.speed.value = "1";
   ui.timestamps.disabled = mode !== "stream";
   ui.speedOut.textContent = `${Number(ui.speed.value).toFixed(2)}×`;
   ui.modeHint.textContent = modeHint(mode);
@@ -114,7 +116,7 @@ function configJson() {
   if (mode === "stream") {
     Object.assign(config, { response_format: "pcm", stream_audio: true, word_timestamps: ui.timestamps.checked });
   } else if (mode === "codec") {
-    config.output_mode = "codec_tokens";
+    Object.assign(config, { output_mode: "codec_tokens", speed: Number(ui.speed.value) });
   } else {
     Object.assign(config, { response_format: ui.format.value, speed: Number(ui.speed.value) });
   }
@@ -219,10 +221,11 @@ async function speak() {
   }
   player.stop();
   player.reset();
-  startUtterance(nextIndex);
   // Typing live, Speak says what was typed since the last Speak; with nothing new, the whole text again.
   const fresh = ui.live.checked ? unspoken(text) : "";
-  syncBufferedText(fresh.trim() ? fresh : text);
+  const said = fresh.trim() ? fresh : text;
+  startUtterance(nextIndex, said.trim());
+  syncBufferedText(said);
   connection.send({ type: "input.done" });
   nextIndex += 1;
   liveSent = "";
@@ -244,9 +247,17 @@ function cancel() {
 
 // -- the utterance ----------------------------------------------------------------------------------
 
-function startUtterance(index) {
+function startUtterance(index, text) {
+  const config = JSON.parse(configJson());
+  const mode = ui.mode.value;
   utterance = {
     index,
+    text,
+    voice: config.voice,
+    speed: config.speed ?? 1,
+    delivery: mode === "stream" ? "streamed PCM" : mode === "codec" ? "codec tokens" : `${config.response_format} files`,
+    startedAt: Date.now(),
+    kept: false,
     sentAt: 0,
     firstAudioAt: null,
     firstSoundAt: null,
@@ -263,7 +274,6 @@ function startUtterance(index) {
   };
   highlightOrder = 0;
   ui.transcript.replaceChildren();
-  ui.download.hidden = true;
   ui.cancel.disabled = false;
   for (const el of [ui.ttfa, ui.ttfs, ui.rtf, ui.duration]) el.textContent = "–";
   setState("speaking", "Speaking…");
@@ -271,12 +281,64 @@ function startUtterance(index) {
 
 function finishUtterance() {
   ui.speak.disabled = false;
-  if (utterance && utterance.samples.length) {
-    if (ui.download.href) URL.revokeObjectURL(ui.download.href);
-    ui.download.href = URL.createObjectURL(wavBlob(utterance.samples, RATE));
-    ui.download.hidden = false;
+  if (utterance && utterance.samples.length && !utterance.kept) {
+    utterance.kept = true;
+    keep(utterance);
   }
   if (!utterance || utterance.stopped) ui.cancel.disabled = true;
+}
+
+// -- history: what this page spoke, to play again or download ---------------------------------------
+
+/** A history entry for an utterance: its text, voice and delivery, an audio player and a download. */
+function keep(u) {
+  const url = URL.createObjectURL(wavBlob(u.samples, RATE));
+  const item = document.createElement("li");
+  item.className = "history-item";
+  item.dataset.url = url;
+  const said = document.createElement("p");
+  said.className = "said";
+  said.textContent = u.text;
+  said.title = u.text;
+  const meta = document.createElement("p");
+  meta.className = "meta";
+  const seconds = (u.pushed / RATE).toFixed(1);
+  const how = u.cancelled || u.dropped ? " · cut short" : "";
+  meta.textContent = `${u.voice} · ${u.delivery} · ${seconds} s${u.speed !== 1 ? ` · ${u.speed.toFixed(2)}×` : ""}${how}`;
+  const controls = document.createElement("div");
+  controls.className = "controls";
+  const audio = document.createElement("audio");
+  audio.controls = true;
+  audio.preload = "metadata";
+  audio.src = url;
+  audio.setAttribute("aria-label", `Play: ${u.text.slice(0, 60)}`);
+  const download = document.createElement("a");
+  download.className = "button small download";
+  download.href = url;
+  download.download = `speech-${new Date(u.startedAt).toISOString().slice(0, 19).replace(/[:T]/g, "-")}.wav`;
+  download.textContent = "Download WAV";
+  controls.append(audio, download);
+  item.append(said, meta, controls);
+  ui.history.prepend(item);
+  while (ui.history.children.length > HISTORY_MAX) dropItem(ui.history.lastElementChild);
+  syncHistory();
+}
+
+function dropItem(item) {
+  URL.revokeObjectURL(item.dataset.url);
+  item.remove();
+}
+
+function clearHistory() {
+  for (const item of [...ui.history.children]) dropItem(item);
+  syncHistory();
+  ui.text.focus();
+}
+
+function syncHistory() {
+  const empty = ui.history.children.length === 0;
+  ui.historyEmpty.hidden = !empty;
+  ui.clearHistory.disabled = empty;
 }
 
 function addSentence(msg) {
@@ -402,11 +464,13 @@ function onMessage(msg) {
       u.pendingFile.then(() => {
         if (u !== utterance || u.stopped) return;
         const seconds = u.pushed / RATE;
-        ui.duration.textContent = `${seconds.toFixed(2)} s in ${u.sentences.filter((s) => s.words.length).length} sentence(s)`;
+        const sentences = u.sentences.filter((s) => s.words.length).length;
+        ui.duration.textContent = `${seconds.toFixed(2)} s`;
+        ui.duration.title = `${sentences} sentence${sentences === 1 ? "" : "s"}`;
         if (seconds > 0) ui.rtf.textContent = ((u.serverDoneAt - u.sentAt) / 1000 / seconds).toFixed(3);
         player.end();
         if (u.pushed === 0) {
-          setState("done", "Nothing to say.");
+          setState("done", "Nothing to say: the text has no words.");
           u.stopped = true;
         } else {
           setState("playing", "Playing…");
@@ -511,6 +575,7 @@ ui.form.addEventListener("submit", (event) => {
   speak();
 });
 ui.cancel.addEventListener("click", cancel);
+ui.clearHistory.addEventListener("click", clearHistory);
 ui.text.addEventListener("input", () => {
   if (ui.live.checked) scheduleLiveSync();
 });

@@ -20,12 +20,16 @@ import { PcmPlayer } from "./player.js";
 const ANSWER_RATE = 24000;
 const MAX_BUFFERED_BYTES = 2 * 1024 * 1024; // skip a frame rather than queue behind a slow link
 const PING_EVERY_MS = 15000;
+// Frames kept in the page and sent again when a new session starts (a changed "Speak the answer",
+// an idle timeout, a reconnect): the server's buffer is per session, and a question needs frames.
+const RESEND_FRAMES = 4;
 const MIC_WORKLET_URL = new URL("../worklets/mic-capture.js", import.meta.url);
 
 const $ = (id) => document.getElementById(id);
 const ui = {
   preview: $("preview"),
   badge: $("camera-badge"),
+  placeholder: $("preview-placeholder"),
   start: $("start"),
   stop: $("stop"),
   fps: $("fps"),
@@ -35,16 +39,15 @@ const ui = {
   sent: $("sent"),
   accepted: $("accepted"),
   filtered: $("filtered"),
-  dropped: $("dropped"),
+  replaced: $("replaced"),
   talk: $("talk"),
   level: $("level"),
   askForm: $("ask-form"),
   question: $("question"),
   speakAnswer: $("speak-answer"),
-  heard: $("heard"),
-  answer: $("answer"),
+  conversation: $("conversation"),
+  conversationEmpty: $("conversation-empty"),
   state: $("state"),
-  earlier: $("earlier"),
   ackLatency: $("ack-latency"),
   firstText: $("first-text"),
   firstAudio: $("first-audio"),
@@ -55,7 +58,7 @@ const ui = {
   error: $("error"),
 };
 
-const counts = { sent: 0, accepted: 0, filtered: 0, dropped: 0 };
+const counts = { sent: 0, accepted: 0, filtered: 0, replaced: 0 };
 let stream = null; // camera + microphone
 let player = null;
 let mic = null; // { context, node, source }
@@ -66,18 +69,28 @@ let captureStart = 0;
 let capturing = false; // a frame is being encoded
 let talking = false;
 let talkStartedAt = 0;
-let question = null; // the question whose answer is on screen (or awaited)
+let question = null; // the turn whose answer is streaming (or awaited)
 let awaitingStart = false; // a new question was sent: drop the old answer's late messages
 let turn = 0;
 let lastPingAt = 0;
+let sessionModalities = null; // what the open session was configured with (JSON text)
+let replaying = null; // the turn whose answer is being played again
+const recentFrames = []; // the last RESEND_FRAMES video.frame messages sent
 const ackLatencies = [];
+
+function wantedModalities() {
+  return JSON.stringify(ui.speakAnswer.checked ? ["text", "audio"] : ["text"]);
+}
 
 const connection = new Connection("/v1/video/chat/stream", {
   onOpen() {
-    connection.send({
-      type: "session.config",
-      modalities: ui.speakAnswer.checked ? ["text", "audio"] : ["text"],
-    });
+    sessionModalities = wantedModalities();
+    connection.send({ type: "session.config", modalities: JSON.parse(sessionModalities) });
+    // A new session starts with an empty frame buffer: give it the latest frames at once.
+    for (const frame of recentFrames) {
+      connection.send(frame);
+      bump("sent");
+    }
     ping();
   },
   onMessage,
@@ -108,7 +121,10 @@ async function start() {
   }
   ui.preview.srcObject = stream;
   ui.badge.textContent = "Live";
+  ui.badge.dataset.live = "true";
+  ui.placeholder.hidden = true;
   ui.stop.disabled = false;
+  if (!question || question.done) setState("idle", "Ready: ask a question");
   await startMicrophone();
   captureStart = performance.now();
   scheduleFrames();
@@ -143,6 +159,10 @@ async function startMicrophone() {
 }
 
 function stop() {
+  clearError(ui.error); // whatever went wrong belonged to the session that is ending
+  interruptAnswer();
+  stopReplay();
+  recentFrames.length = 0;
   clearTimeout(frameTimer);
   clearInterval(pingTimer);
   frameTimer = null;
@@ -153,11 +173,14 @@ function stop() {
   mic = null;
   ui.preview.srcObject = null;
   ui.badge.textContent = "Camera off";
+  ui.badge.dataset.live = "false";
+  ui.placeholder.hidden = false;
   ui.start.disabled = false;
   ui.stop.disabled = true;
   ui.talk.disabled = true;
   player?.stop();
   connection.close(connection.isOpen ? { type: "video.done" } : null);
+  setState("idle", "Camera off");
 }
 
 // -- frames -----------------------------------------------------------------------------------------
@@ -203,6 +226,9 @@ async function captureFrame() {
       capture_ts_ms: Math.round(capturedAt),
     });
     bump("sent");
+    // Sent again only to a new session, without a capture time (its ack would not be a latency).
+    recentFrames.push({ type: "video.frame", data, frame_id: `f${frameSeq}r`, pts_ms: pts });
+    if (recentFrames.length > RESEND_FRAMES) recentFrames.shift();
   } finally {
     capturing = false;
   }
@@ -217,7 +243,7 @@ function bump(name) {
 function onAck(ack) {
   if (ack.accepted) bump("accepted");
   else if (ack.reason === "filtered") bump("filtered");
-  if (ack.dropped_frame_id) bump("dropped");
+  if (ack.dropped_frame_id) bump("replaced");
   if (typeof ack.capture_ts_ms === "number") {
     ackLatencies.push(nowMs() - ack.capture_ts_ms);
     if (ackLatencies.length > 20) ackLatencies.shift();
@@ -232,13 +258,15 @@ function onAck(ack) {
 function startTalking() {
   if (talking || !mic || ui.talk.disabled) return;
   interruptAnswer(); // the person is speaking: stop the current answer now
+  stopReplay();
   talking = true;
+  setState("listening", "Listening…");
   talkStartedAt = nowMs();
   heldChunks = [];
   ui.talk.setAttribute("aria-pressed", "true");
   ui.talk.textContent = "Listening… release to send";
   mic.context.resume();
-  connection.open().catch((err) => showError(ui.error, err.message));
+  ensureSession().catch((err) => showError(ui.error, err.message)); // the audio goes to the session that answers
 }
 
 function stopTalking(send = true) {
@@ -281,61 +309,165 @@ function onMicChunk({ samples, rms, final }) {
     if (spokenMs < MIN_TALK_MS) {
       heldChunks = [];
       showError(ui.error, "That was too short to hear a question: hold the button while you speak.");
+      setState("idle", "Ready: ask a question");
       return;
     }
     sendHeldChunks();
-    ask("", `(spoken, ${(spokenMs / 1000).toFixed(1)} s)`);
+    ask("", `${(spokenMs / 1000).toFixed(1)} s of speech`);
   }
 }
 
 // -- questions and answers --------------------------------------------------------------------------
 
+/** Send a question about the buffered frames; `label` describes a spoken one until it is heard. */
 async function ask(text, label) {
   clearError(ui.error);
-  try {
-    await connection.open();
-  } catch (err) {
-    showError(ui.error, err.message);
+  if (!stream) {
+    showError(ui.error, "Start the camera first: the answers are about what it sees.");
+    setState("idle", "Camera off");
+    ui.start.focus();
     return;
   }
   interruptAnswer();
-  connection.send({ type: "video.query", text });
-  question = { label, sentAt: nowMs(), firstText: null, firstAudio: null, done: false, text: "" };
+  stopReplay();
+  const q = addTurn(text, label); // on screen at once, also while a new session opens
+  question = q;
   awaitingStart = true;
-  ui.heard.hidden = false;
-  ui.heard.textContent = `You asked: ${text || label}`;
-  ui.answer.textContent = "";
-  ui.answer.dataset.state = "waiting";
   ui.firstText.textContent = "–";
   ui.firstAudio.textContent = "–";
-  setState("answering", "Waiting for the answer…");
+  setState("thinking", text ? "Thinking…" : "Working out what you said…");
+  try {
+    await ensureSession();
+  } catch (err) {
+    showError(ui.error, err.message);
+    finish(q, "failed");
+    setState("error", "Not connected: the message above says why.");
+    return;
+  }
+  if (question !== q || q.done) return; // another question (or Stop) came while connecting
+  q.sentAt = nowMs();
+  connection.send({ type: "video.query", text });
+}
+
+/**
+ * The open session, configured as the page's options say. "Speak the answer" sets the session's
+ * modalities, which the protocol fixes per session: when it changed, start a new session (its
+ * onOpen sends the recent frames again; the conversation on screen stays).
+ */
+async function ensureSession() {
+  if (connection.isOpen && sessionModalities !== wantedModalities()) connection.close();
+  await connection.open();
+}
+
+/** A conversation entry: the question (typed, or as heard) and its answer, newest at the bottom. */
+function addTurn(text, label) {
+  turn += 1;
+  const item = document.createElement("li");
+  item.className = "turn";
+  item.dataset.turn = String(turn);
+  item.dataset.how = "waiting";
+  const q = document.createElement("div");
+  q.className = "bubble question";
+  const qWho = document.createElement("span");
+  qWho.className = "who";
+  qWho.textContent = text ? "You" : "You (spoken)";
+  const qText = document.createElement("p");
+  qText.className = "question-text";
+  qText.textContent = text || label;
+  q.append(qWho, qText);
+  const a = document.createElement("div");
+  a.className = "bubble answer";
+  const aWho = document.createElement("span");
+  aWho.className = "who";
+  aWho.textContent = "Answer";
+  const aText = document.createElement("p");
+  aText.className = "answer-text";
+  a.append(aWho, aText);
+  item.append(q, a);
+  ui.conversation.append(item);
+  ui.conversationEmpty.hidden = true;
+  scrollToNewest();
+  return {
+    el: item,
+    questionEl: q,
+    questionText: qText,
+    answer: a,
+    answerText: aText,
+    sentAt: nowMs(),
+    firstText: null,
+    firstAudio: null,
+    done: false,
+    text: "",
+    audio: [], // Float32Array chunks at their rates, to play the answer again
+  };
+}
+
+function scrollToNewest() {
+  ui.conversation.scrollTop = ui.conversation.scrollHeight;
+}
+
+function heard(q, text) {
+  if (text.trim()) {
+    q.questionText.textContent = `“${text.trim()}”`;
+    q.questionEl.classList.remove("unheard");
+  } else {
+    q.questionText.textContent = "Nothing was heard: hold Talk while you speak, close to the microphone.";
+    q.questionEl.classList.add("unheard");
+  }
 }
 
 /** A new question (or the person starting to talk) stops the current answer and its audio at once. */
 function interruptAnswer() {
   player?.stop();
   if (question && !question.done) {
-    question.done = true;
-    archive(question, "interrupted");
-    ui.answer.dataset.state = "interrupted";
+    finish(question, "interrupted");
     setState("idle", "Interrupted.");
   }
   awaitingStart = true;
 }
 
-function archive(q, how) {
-  const item = document.createElement("li");
-  item.dataset.how = how;
-  const said = q.text || "(no text)";
-  item.textContent = `${q.label ? q.label + ": " : ""}${said}${how === "interrupted" ? " (interrupted)" : ""}`;
-  ui.earlier.prepend(item);
+/** The turn is over: how it ended, and a Play again button when its answer had audio. */
+function finish(q, how) {
+  q.done = true;
+  q.el.dataset.how = how;
+  if (how === "interrupted") q.answerText.textContent ||= "(interrupted)";
+  if (how === "answered" && q.audio.length) {
+    const replay = document.createElement("button");
+    replay.type = "button";
+    replay.className = "small replay";
+    replay.textContent = "Play again";
+    replay.setAttribute("aria-label", `Play the answer again: ${q.text.slice(0, 60)}`);
+    replay.addEventListener("click", () => replayAnswer(q, replay));
+    q.answer.append(replay);
+  }
+  scrollToNewest();
 }
 
 function endAnswer(text) {
   if (!question || question.done) return;
-  question.done = true;
-  archive(question, "interrupted");
+  finish(question, "interrupted");
   setState("error", text);
+}
+
+/** Play an earlier answer's audio again (stops anything playing). */
+async function replayAnswer(q, button) {
+  if (question && !question.done) interruptAnswer();
+  stopReplay();
+  await player.resume();
+  player.stop();
+  player.reset();
+  replaying = { turn: q, button };
+  button.textContent = "Playing…";
+  for (const chunk of q.audio) player.push(chunk.samples.slice(), chunk.rate);
+  player.end();
+  setState("speaking", "Playing the answer again…");
+}
+
+function stopReplay() {
+  if (!replaying) return;
+  replaying.button.textContent = "Play again";
+  replaying = null;
+  player?.stop();
 }
 
 function onMessage(msg) {
@@ -346,18 +478,13 @@ function onMessage(msg) {
     case "video.frames.consumed":
       break;
     case "input.transcript":
-      if (question && !question.done) {
-        question.label = `“${msg.text}”`;
-        ui.heard.textContent = `You asked: “${msg.text}”`;
-      }
+      if (question && !question.done) heard(question, typeof msg.text === "string" ? msg.text : "");
       break;
     case "response.start":
       if (!question || question.done) break;
       awaitingStart = false;
-      turn += 1;
-      ui.answer.dataset.turn = String(turn);
-      ui.answer.dataset.state = "answering";
-      setState("answering", "Answering…");
+      question.el.dataset.how = "answering";
+      setState("thinking", "Answering…");
       break;
     case "response.text.delta":
       if (awaitingStart || !question || question.done) break;
@@ -366,13 +493,13 @@ function onMessage(msg) {
         showMs(ui.firstText, question.firstText - question.sentAt);
       }
       question.text += msg.delta;
-      ui.answer.textContent = question.text;
+      question.answerText.textContent = question.text;
+      scrollToNewest();
       break;
     case "response.text.done":
       if (awaitingStart || !question || question.done) break;
       question.text = msg.text;
-      ui.answer.textContent = msg.text;
-      ui.answer.dataset.state = "done";
+      question.answerText.textContent = msg.text;
       // Every audio delta comes before text.done: with none, the answer is complete; otherwise it
       // is once the player has played it out (onPlayerStats).
       if (!question.audioStarted) completeAnswer();
@@ -416,8 +543,10 @@ function onAnswerAudio(msg) {
     showMs(ui.firstAudio, question.firstAudio - question.sentAt);
   }
   question.audioStarted = true;
-  setState("answering", "Speaking the answer…");
-  player.push(int16ToFloat32(wav.samples), wav.rate);
+  setState("speaking", "Speaking the answer…");
+  const samples = int16ToFloat32(wav.samples);
+  question.audio.push({ samples: samples.slice(), rate: wav.rate });
+  player.push(samples, wav.rate);
 }
 
 function onPlayerStats(stats) {
@@ -428,12 +557,17 @@ function onPlayerStats(stats) {
     ui.audioState.dataset.state = audio;
     ui.audioState.textContent = audio;
   }
-  if (stats.reason === "drained" && question && !question.done && question.audioStarted) completeAnswer();
+  if (stats.reason === "drained" && replaying) {
+    replaying.button.textContent = "Play again";
+    replaying = null;
+    setState("done", "Played again.");
+  } else if (stats.reason === "drained" && question && !question.done && question.audioStarted) {
+    completeAnswer();
+  }
 }
 
 function completeAnswer() {
-  question.done = true;
-  archive(question, question.failed ? "failed" : "answered");
+  finish(question, question.failed ? "failed" : "answered");
   if (question.failed) setState("error", "The answer failed; the message above says why.");
   else setState("done", "Answered.");
 }
@@ -466,11 +600,6 @@ ui.askForm.addEventListener("submit", (event) => {
   }
   ui.question.value = "";
   ask(text, "");
-});
-ui.speakAnswer.addEventListener("change", () => {
-  if (!connection.isOpen) return; // applies at the next connection
-  connection.close();
-  connection.open().catch((err) => showError(ui.error, err.message)); // the new modalities need a new session
 });
 ui.talk.addEventListener("pointerdown", (event) => {
   ui.talk.setPointerCapture(event.pointerId);

@@ -3,7 +3,9 @@
 Streams the text, writes the audio it gets back (WAV or raw PCM) and can print word timestamps.
 It talks to the server over a real WebSocket, so it is also a quick end-to-end check. With
 ``--codec`` it asks for codec tokens (``output_mode: "codec_tokens"``) and decodes them here with
-the same codec module the server uses.
+the same codec module the server uses. It writes a file and nobody listens while it runs, so it asks
+for ``priority: "batch"`` (audio made as fast as the server can, after real-time sessions) unless
+``--realtime`` says to be paced like a listener.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import json
 import time
 import wave
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from django.core.management.base import BaseCommand, CommandError
 
 from speech.protocol import SAMPLE_RATE
+from speech.text import split_text
 
 
 class Command(BaseCommand):
@@ -35,31 +39,54 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=None)
         parser.add_argument("--speed", type=float, default=1.0, help="0.25-4.0 (not streamed when != 1)")
         parser.add_argument(
-            "--codec", action="store_true", help="receive codec tokens and decode them locally (about 20x fewer bytes)"
+            "--codec", action="store_true", help="receive codec tokens and decode them locally (about 24x fewer bytes)"
+        )
+        parser.add_argument(
+            "--realtime",
+            action="store_true",
+            help="paced to playback like a listening client (default: batch priority, as fast as the server can)",
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        if not split_text(opts["text"], "sentence"):
+            raise CommandError(
+                "nothing to speak: the text has no words or numbers (only spaces, punctuation or symbols)"
+            )
+        folder = Path(opts["output"]).parent
+        if not folder.is_dir():
+            raise CommandError(f"cannot write {opts['output']}: the folder {folder} does not exist")
         if opts["codec"] and opts["timestamps"]:
             raise CommandError("--timestamps is not available with --codec (timestamps ride the PCM stream)")
         try:
             pcm = asyncio.run(self._speak_codec(opts) if opts["codec"] else self._speak(opts))
         except OSError as exc:
             raise CommandError(f"cannot reach {opts['url']}: {exc}") from exc
-        if opts["format"] == "wav":
-            with wave.open(opts["output"], "wb") as w:
+        if not pcm:
+            raise CommandError("the server returned no audio for this text; nothing was written")
+        try:
+            self._write(opts["output"], opts["format"], pcm)
+        except OSError as exc:
+            raise CommandError(f"cannot write {opts['output']}: {exc.strerror or exc}") from exc
+        seconds = len(pcm) / 2 / SAMPLE_RATE
+        self.stdout.write(f"wrote {opts['output']}: {seconds:.2f} s of audio ({opts['format']}, {SAMPLE_RATE} Hz)")
+
+    @staticmethod
+    def _write(path: str, fmt: str, pcm: bytes) -> None:
+        if fmt == "wav":
+            with wave.open(path, "wb") as w:
                 w.setnchannels(1)
                 w.setsampwidth(2)
                 w.setframerate(SAMPLE_RATE)
                 w.writeframes(pcm)
         else:
-            with open(opts["output"], "wb") as f:
+            with open(path, "wb") as f:
                 f.write(pcm)
-        seconds = len(pcm) / 2 / SAMPLE_RATE
-        self.stdout.write(f"wrote {opts['output']}: {seconds:.2f} s of audio ({opts['format']}, {SAMPLE_RATE} Hz)")
 
     @staticmethod
     def _session_config(opts: dict[str, Any], **fields: Any) -> dict[str, Any]:
         config: dict[str, Any] = {"type": "session.config", **fields}
+        if not opts["realtime"]:
+            config["priority"] = "batch"
         for key in ("voice", "seed", "speed"):
             if opts[key] is not None:
                 config[key] = opts[key]

@@ -1,0 +1,38 @@
+"""Logs: times in UTC whatever the machine's zone, and one line when the models are loaded and ready."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_log_times_are_utc_whatever_the_zone():
+    """A process in a zone far from UTC still logs UTC, marked with a Z."""
+    script = (
+        "import logging, logging.config, django; django.setup();"
+        "from django.conf import settings;"
+        "r = logging.LogRecord('x', logging.INFO, 'f', 1, 'hello', None, None); r.created = 0.0; r.msecs = 0;"
+        "print(logging.getLogger().handlers[0].formatter.format(r))"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "omniweb.settings", "TZ": "Pacific/Kiritimati"}
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1970-01-01T00:00:00.000Z INFO x: hello"
+
+
+def test_one_line_says_the_models_are_loaded_and_the_engine_ready(caplog):
+    from omniweb.engine import runtime
+
+    runtime.shutdown()
+    try:
+        with caplog.at_level(logging.INFO, logger="omniweb.engine.runtime"):
+            runtime.get_scheduler()
+            runtime.get_scheduler()  # already up: no second line
+        ready = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ready: models loaded")]
+        assert len(ready) == 1 and "speech.tts" in ready[0], ready
+    finally:
+        runtime.shutdown()
