@@ -13,6 +13,7 @@ so each sentence is spoken while the next is still being written.
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +50,26 @@ FRAME_SECONDS = 0.0125
 def rng_for(seed: int | None) -> np.random.Generator:
     """Seeded noise; int64 seeds (negative ones too) map onto numpy's unsigned seed space."""
     return np.random.default_rng(None if seed is None else seed % 2**64)
+
+
+def rng_state(rng: np.random.Generator) -> str:
+    """The generator's position as a JSON string (plain data, so it can cross to another worker)."""
+    return json.dumps(rng.bit_generator.state)
+
+
+def resume_rng(seed: int | None, state: str | None) -> np.random.Generator:
+    """The seeded generator, moved to ``state`` when a request continues an earlier one's noise.
+
+    The transport splits one utterance into several requests when it speaks before the flush; passing
+    the state on keeps the noise (and so the audio) identical to speaking the utterance in one request.
+    """
+    rng = rng_for(seed)
+    if state is not None:
+        try:
+            rng.bit_generator.state = json.loads(state)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ValueError("rng_state is not a state of this generator") from exc
+    return rng
 
 
 def to_pcm16(samples: np.ndarray) -> bytes:
@@ -92,7 +113,7 @@ class TalkerLoop:
             sentences=sentences,
             voice=request.get("voice") or self._talker.caps.default_voice,
             speed=float(request.get("speed") or 1.0),
-            rng=rng_for(request.get("seed")),
+            rng=resume_rng(request.get("seed"), request.get("rng_state")),
             max_frames=request.get("max_frames"),
             timestamps=bool(request.get("timestamps")),
             slots=slots,
@@ -138,7 +159,7 @@ class TalkerLoop:
             state.slots[TALKER_DONE] = True
 
     def finalize(self, state: TalkerState) -> dict[str, Any]:
-        return {"total_sentences": state.spoken}
+        return {"total_sentences": state.spoken, "rng_state": rng_state(state.rng)}
 
 
 @dataclass
@@ -300,6 +321,11 @@ def validate_voice(request: dict[str, Any], talker: HibariTalker) -> None:
     speed = float(request.get("speed") or 1.0)
     if not 0.25 <= speed <= 4.0:
         raise ValueError("speed must be between 0.25 and 4.0")
+    state = request.get("rng_state")
+    if state is not None:
+        if not isinstance(state, str):
+            raise ValueError("rng_state must be a string")
+        resume_rng(request.get("seed"), state)
 
 
 class TtsPipeline:
@@ -320,4 +346,4 @@ class TtsPipeline:
         validate_voice(request, self.talker)
 
     def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"total_sentences": finals[0]["total_sentences"]}
+        return {"total_sentences": finals[0]["total_sentences"], "rng_state": finals[0]["rng_state"]}
