@@ -70,13 +70,15 @@ let question = null; // the question whose answer is on screen (or awaited)
 let awaitingStart = false; // a new question was sent: drop the old answer's late messages
 let turn = 0;
 let lastPingAt = 0;
+let speaksAnswers = false; // the session's modalities include audio
 const ackLatencies = [];
 
 const connection = new Connection("/v1/video/chat/stream", {
   onOpen() {
+    speaksAnswers = ui.speakAnswer.checked;
     connection.send({
       type: "session.config",
-      modalities: ui.speakAnswer.checked ? ["text", "audio"] : ["text"],
+      modalities: speaksAnswers ? ["text", "audio"] : ["text"],
     });
     ping();
   },
@@ -373,9 +375,10 @@ function onMessage(msg) {
       question.text = msg.text;
       ui.answer.textContent = msg.text;
       ui.answer.dataset.state = "done";
-      // Every audio delta comes before text.done: with none, the answer is complete; otherwise it
-      // is once the player has played it out (onPlayerStats).
-      if (!question.audioStarted) completeAnswer();
+      // The text is done as soon as it is written; its audio may still come. Without audio the
+      // answer is complete; with audio, once the player has played it out (onPlayerStats).
+      question.textDone = true;
+      if (!question.audioStarted && (!speaksAnswers || question.failed)) completeAnswer();
       break;
     case "response.audio.delta":
       if (awaitingStart || !question || question.done) break;
@@ -384,6 +387,7 @@ function onMessage(msg) {
     case "response.audio.done":
       if (awaitingStart || !question) break;
       player?.end();
+      if (!question.done && !question.audioStarted) completeAnswer();
       break;
     case "pong":
       if (lastPingAt) showMs(ui.rtt, nowMs() - lastPingAt);
@@ -395,7 +399,8 @@ function onMessage(msg) {
       showError(ui.error, describeServerError(msg));
       if (question && !question.done && !/^(Frame|Invalid image)/.test(msg.message)) {
         question.failed = true;
-        if (awaitingStart) completeAnswer(); // refused before it started: nothing else follows
+        // refused before it started, or failed before any audio: nothing else follows
+        if (awaitingStart || (question.textDone && !question.audioStarted)) completeAnswer();
       }
       break;
     default:
