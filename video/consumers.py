@@ -408,7 +408,7 @@ class VideoStreamConsumer(SessionConsumer):
                     if "text" in turn.modalities and chunk["delta"]:
                         await self._send_turn(turn, protocol.text_delta(chunk["delta"]))
                 elif kind == "text.end":  # the answer's text is complete; its audio may follow
-                    await self._send_text_done(turn, "".join(turn.text))
+                    await self._complete_text(turn, "".join(turn.text))
                 elif kind == "audio" and "audio" in turn.modalities and chunk["pcm"]:
                     turn.audio_deltas += 1
                     await self._send_turn(turn, protocol.audio_delta(chunk["pcm"], config.event_names))
@@ -432,10 +432,15 @@ class VideoStreamConsumer(SessionConsumer):
         window = config.window_seconds or protocol.DEFAULT_WINDOW_SECONDS
         return frames.select_frames(times, config.num_frames, config.sampling_strategy, window)
 
-    async def _send_text_done(self, turn: _Turn, text: str) -> None:
-        if not turn.text_done:
-            turn.text_done = True
-            await self._send_turn(turn, protocol.text_done(text))
+    async def _complete_text(self, turn: _Turn, text: str) -> None:
+        """response.text.done, and the turn joins the history: a client may ask its next question
+        (interrupting the audio) as soon as it has the text."""
+        if turn.text_done:
+            return
+        turn.text_done = True
+        await self._send_turn(turn, protocol.text_done(text))
+        question = turn.question if turn.question.strip() else turn.transcript or ""
+        self._remember(question, text)
 
     async def _start_response(self, turn: _Turn) -> None:
         if not turn.started:
@@ -448,13 +453,12 @@ class VideoStreamConsumer(SessionConsumer):
             answer = end.get("text")
             text = answer if isinstance(answer, str) else "".join(turn.text)
             transcript = end.get("transcript", turn.transcript)
+            if isinstance(transcript, str):
+                turn.transcript = transcript
             await self._start_response(turn)
-            await self._send_text_done(turn, text)
+            await self._complete_text(turn, text)
             if turn.audio_deltas:
                 await self._send_turn(turn, protocol.audio_done(self._event_names()))
-            heard = transcript if isinstance(transcript, str) else ""
-            question = turn.question if turn.question.strip() else heard
-            self._remember(question, text)
         elif status == "cancelled" and turn.interrupted:
             return
         else:
@@ -471,7 +475,9 @@ class VideoStreamConsumer(SessionConsumer):
         response.audio.done when audio had started (a player waiting for the end hears it)."""
         await self._start_response(turn)
         await self._send_turn(turn, protocol.error(message))
-        await self._send_text_done(turn, "".join(turn.text))
+        if not turn.text_done:  # a failed answer is not remembered
+            turn.text_done = True
+            await self._send_turn(turn, protocol.text_done("".join(turn.text)))
         if turn.audio_deltas:
             await self._send_turn(turn, protocol.audio_done(self._event_names()))
 
