@@ -336,6 +336,8 @@ class SpeechStreamConsumer(SessionConsumer):
             "first_chunk_frames": config.initial_codec_chunk_frames,
             "max_frames": config.max_new_tokens,
         }
+        if split == "sentence" and utt.merge:
+            request["max_frames_scope"] = "request"  # max_new_tokens caps the flush, as one request
         if utt.rng_state is not None:
             request["rng_state"] = utt.rng_state
         if utt.codec is not None:

@@ -109,6 +109,17 @@ async def test_word_timestamps_cover_the_whole_flush(connect):
     assert words[len(FOX.split())]["start_ms"] >= first_sentence_end > 1000
 
 
+async def test_max_new_tokens_caps_the_whole_flush(connect):
+    frames = 100  # 1.25 s: less than the first sentence
+    t = await speak(await session(connect, response_format="pcm", max_new_tokens=frames), THREE)
+    assert_one_request(t, THREE)
+    assert 0 < len(pcm_of(t)) <= frames * 300 * 2
+    each = await speak(
+        await session(connect, response_format="pcm", max_new_tokens=frames, split_granularity="sentence"), THREE
+    )
+    assert [0 < len(s.audio) <= frames * 300 * 2 for s in each.sentences()] == [True] * 3
+
+
 async def test_cancel_stops_the_one_request(connect):
     comm = await session(connect, response_format="pcm", stream_audio=True)
     long = " ".join(f"Sentence number {i} of a long flush." for i in range(20))

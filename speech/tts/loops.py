@@ -84,6 +84,7 @@ class TalkerState:
     speed: float
     rng: np.random.Generator
     max_frames: int | None
+    frames_left: int | None  # max_frames_scope "request": what the request's cap leaves
     timestamps: bool
     slots: dict[str, Any]
     next_index: int = 0
@@ -115,6 +116,7 @@ class TalkerLoop:
             speed=float(request.get("speed") or 1.0),
             rng=resume_rng(request.get("seed"), request.get("rng_state")),
             max_frames=request.get("max_frames"),
+            frames_left=request.get("max_frames") if request.get("max_frames_scope") == "request" else None,
             timestamps=bool(request.get("timestamps")),
             slots=slots,
         )
@@ -128,14 +130,19 @@ class TalkerLoop:
                 return WAITING  # the upstream loop is still writing
             state.slots[TALKER_DONE] = True  # input ended after our last step: release the vocoder
             return DONE
+        if state.frames_left == 0 and self._input_done(state):  # the request's cap is spent
+            state.next_index = len(state.sentences)
+            state.slots[TALKER_DONE] = True
+            return DONE
         if len(state.slots[SENTENCES]) >= self._lookahead:
             return WAITING
         text = state.sentences[state.next_index]
         index = state.spoken
+        cap = state.max_frames if state.frames_left is None else state.frames_left
 
         def run() -> StepResult:
             out = self._talker.talk(
-                state.voice, index, text, state.speed, state.rng, state.max_frames, state.timestamps, self._vocode
+                state.voice, index, text, state.speed, state.rng, cap, state.timestamps, self._vocode
             )
             return StepResult(output=out)
 
@@ -155,6 +162,8 @@ class TalkerLoop:
             state.slots[SENTENCES].append(sentence)
             state.spoken += 1
             state.synthesized_seconds += FRAME_SECONDS * sentence.n_frames
+        if state.frames_left is not None:
+            state.frames_left = max(0, state.frames_left - sentence.n_frames)
         if state.next_index >= len(state.sentences) and self._input_done(state):
             state.slots[TALKER_DONE] = True
 
@@ -329,7 +338,12 @@ def validate_voice(request: dict[str, Any], talker: HibariTalker) -> None:
 
 
 class TtsPipeline:
-    """talker → vocoder for ``{"pipeline": "speech.tts", "text": ..., ...}`` requests."""
+    """talker → vocoder for ``{"pipeline": "speech.tts", "text": ..., ...}`` requests.
+
+    Besides the text and voice settings a request may carry ``rng_state`` (the ``end`` chunk's, to
+    continue an earlier request's seeded noise) and ``max_frames_scope: "request"`` (``max_frames``
+    caps the whole request instead of each sentence).
+    """
 
     name = PIPELINE
 
