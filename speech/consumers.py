@@ -338,6 +338,8 @@ class SpeechStreamConsumer(SessionConsumer):
         }
         if split == "sentence" and utt.merge:
             request["max_frames_scope"] = "request"  # max_new_tokens caps the flush, as one request
+            if not config.stream_audio:
+                request["paced"] = False  # one file at the end: nothing plays meanwhile, so no pacing
         if utt.rng_state is not None:
             request["rng_state"] = utt.rng_state
         if utt.codec is not None:

@@ -12,6 +12,9 @@ import pytest
 import soundfile
 from conftest import Transcript, is_type, receive_until, receive_until_done, session, speak
 
+from omniweb.engine import client as engine_client
+from omniweb.engine import dispatch
+
 FOX = "The quick brown fox jumps over the lazy dog."
 JUGS = "Pack my box with five dozen liquor jugs."
 ZEBRAS = "How vexingly quick daft zebras jump."
@@ -32,7 +35,31 @@ def pcm_of(t: Transcript) -> bytes:
     return b"".join(s.audio for s in t.sentences())
 
 
+@pytest.fixture
+def requests_seen(monkeypatch) -> list[dict]:
+    """Records every engine request the sessions send (the real client still serves them)."""
+    seen: list[dict] = []
+    for cls in (engine_client.LocalEngineClient, dispatch.ChannelEngineClient):
+        real = cls.stream
+
+        def spy(self, request, request_id=None, _real=real):
+            seen.append(request)
+            return _real(self, request, request_id)
+
+        monkeypatch.setattr(cls, "stream", spy)
+    return seen
+
+
 # -- 1. the default: one request per flush -----------------------------------------------------------
+async def test_the_flush_is_one_engine_request_split_by_sentence_inside(connect, requests_seen):
+    await speak(await session(connect, response_format="wav"), THREE)
+    await speak(await session(connect, response_format="pcm", stream_audio=True), THREE)
+    file_request, stream_request = [r for r in requests_seen if r["pipeline"] == "speech.tts"]
+    assert file_request["text"] == stream_request["text"] == THREE
+    assert file_request["split"] == stream_request["split"] == "sentence"
+    assert file_request["max_frames_scope"] == "request"
+    # a file is sent when the flush is whole: it is made as fast as the engine can, not paced
+    assert file_request["paced"] is False and "paced" not in stream_request
 
 
 async def test_default_flush_is_one_request_however_long(connect):

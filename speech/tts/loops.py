@@ -342,7 +342,8 @@ class TtsPipeline:
 
     Besides the text and voice settings a request may carry ``rng_state`` (the ``end`` chunk's, to
     continue an earlier request's seeded noise) and ``max_frames_scope: "request"`` (``max_frames``
-    caps the whole request instead of each sentence).
+    caps the whole request instead of each sentence). ``paced: False`` (read by the scheduler) makes
+    the audio as fast as it can, for a file nobody hears until it is whole.
     """
 
     name = PIPELINE
