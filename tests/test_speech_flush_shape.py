@@ -226,3 +226,9 @@ async def test_config_is_refused_while_speaking_before_the_flush(connect):
     t = await receive_until_done(comm)
     assert t.errors == ["session.config cannot be applied while input is buffered; send input.done first"]
     assert [m["format"] for m in t.of_type("audio.start")] == ["pcm", "pcm"]
+
+
+async def test_unknown_config_fields_are_accepted(connect):
+    comm = await session(connect, response_format="pcm", some_future_field=[1, 2], temperature=0.3)
+    t = await speak(comm, FOX)
+    assert_one_request(t, FOX)
