@@ -232,3 +232,21 @@ async def test_unknown_config_fields_are_accepted(connect):
     comm = await session(connect, response_format="pcm", some_future_field=[1, 2], temperature=0.3)
     t = await speak(comm, FOX)
     assert_one_request(t, FOX)
+
+
+async def test_server_codec_vocoder_flush_is_one_request_too(connect):
+    config = {"response_format": "pcm", "stream_audio": True, "vocoder": "codec"}
+    whole = await speak(await session(connect, **config), THREE)
+    split = await speak(await session(connect, **config, split_granularity="sentence"), THREE)
+    assert_one_request(whole, THREE)
+    assert len(split.sentences()) == 3 and pcm_of(whole) == pcm_of(split)
+
+
+async def test_codec_tokens_flush_is_one_code_stream(connect):
+    t = await speak(await session(connect, output_mode="codec_tokens"), THREE)
+    assert t.errors == []
+    [start] = t.of_type("codec.start")
+    assert start["sentence_index"] == 0 and start["sentence_text"] == THREE
+    [done] = t.of_type("codec.done")
+    assert done["error"] is False and done["total_frames"] > 3 * 80  # over three seconds of codes
+    assert t.json[-1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 1}
