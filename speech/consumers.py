@@ -278,6 +278,9 @@ class SpeechStreamConsumer(SessionConsumer):
         return (spec if config.output_mode == "codec_tokens" else None), problem
 
     async def on_input_cancel(self, msg: dict[str, Any]) -> None:
+        if self.utterance is not None:  # replayed while speaking before the flush: stop it
+            await self.cancel_utterance()
+            return
         # Nothing is generating here (a cancel during an utterance is taken by ``receive``).
         self.text_parts.clear()
         self.text_chars = 0
@@ -460,7 +463,8 @@ class SpeechStreamConsumer(SessionConsumer):
         """Handle the held messages in order; new arrivals queue behind them until it is done."""
         self.replaying = True
         try:
-            while self.pending and self.state is SessionState.READY:
+            # SPEAKING (a replayed input.text completed a piece) takes every message type too.
+            while self.pending and self.state in (SessionState.READY, SessionState.SPEAKING):
                 text_data, bytes_data = self.pending.popleft()
                 self.pending_bytes -= len(text_data if text_data is not None else bytes_data or b"")
                 await self.handle(text_data, bytes_data)

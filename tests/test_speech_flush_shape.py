@@ -250,3 +250,20 @@ async def test_codec_tokens_flush_is_one_code_stream(connect):
     [done] = t.of_type("codec.done")
     assert done["error"] is False and done["total_frames"] > 3 * 80  # over three seconds of codes
     assert t.json[-1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 1}
+
+
+async def test_messages_held_during_an_utterance_replay_into_one_spoken_before_the_flush(connect):
+    """Held behind a playing utterance, text that completes a sentence starts the next utterance
+    while the rest of what was held (more text, the flush) still follows in order."""
+    comm = await session(connect, response_format="pcm", stream_audio=True, split_granularity="sentence")
+    await comm.send_json_to({"type": "input.text", "text": FOX})
+    await comm.send_json_to({"type": "input.done"})
+    await comm.send_json_to({"type": "input.text", "text": f"{JUGS} How"})  # held, completes JUGS
+    await comm.send_json_to({"type": "input.text", "text": " vexingly quick daft zebras jump."})
+    await comm.send_json_to({"type": "input.done"})
+    first = await receive_until_done(comm)
+    assert [m["sentence_text"] for m in first.of_type("audio.start")] == [FOX]
+    second = await receive_until_done(comm)
+    assert second.errors == []
+    assert [m["sentence_text"] for m in second.of_type("audio.start")] == [JUGS, ZEBRAS]
+    assert second.json[-1] == {"type": "session.done", "utterance_index": 1, "total_sentences": 2}
