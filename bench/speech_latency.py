@@ -11,7 +11,13 @@ One run measures, against one server (started here unless ``--url`` names one):
    paragraph and then speaking paragraphs back to back at playback pace (N streams playing at
    once); per level: first-audio p50/p95, real-time factor per stream and playback gaps;
 4. the same levels as a burst: every session flushes at the same instant (reported for information:
-   on 2 cores the talker's ~20 ms per first sentence makes a 64-way cold start take ~0.7 s).
+   on 2 cores the talker's ~20 ms per first sentence makes a 64-way cold start take ~0.7 s);
+5. an LLM-style token stream (``split_granularity: "sentence"``, one word-token every 1/30 s): time
+   from the ``input.text`` that completes the first sentence to its first audio, heard before the
+   flush; the same stream with the default split (``none``) for comparison.
+
+Sessions use the server's default ``split_granularity`` (``none``: one request per flush) unless
+said otherwise.
 
 and prints markdown tables plus PASS/FAIL per target. See bench/README.md.
 
@@ -56,6 +62,7 @@ TARGET_LONG_VS_SHORT = 1.30
 TARGET_P95_FIRST_AUDIO_S = 0.300
 TARGET_LEVEL = 64
 LONG_FLUSH_SENTENCES = 40
+TOKENS_PER_SECOND = 30.0
 
 # -- texts ------------------------------------------------------------------------------------------
 SHORT_SENTENCE = "The weather is lovely today."
@@ -93,8 +100,14 @@ def long_flush_text(n_sentences: int = 40) -> str:
     return " ".join([SHORT_SENTENCE, *pool[: n_sentences - 1]])
 
 
-def config_msg() -> str:
-    return json.dumps({"type": "session.config", "response_format": "pcm", "stream_audio": True})
+def config_msg(**fields: Any) -> str:
+    return json.dumps({"type": "session.config", "response_format": "pcm", "stream_audio": True, **fields})
+
+
+def llm_tokens(text: str) -> list[str]:
+    """Word tokens as an LLM streams them: each but the first carries its leading space."""
+    words = text.split(" ")
+    return [words[0], *(" " + w for w in words[1:])]
 
 
 def text_msg(text: str) -> str:
@@ -445,6 +458,77 @@ async def measure_flush_length(url: str, engine: InProcessEngine, n: int, warmup
 
 
 @dataclass
+class TokenRun:
+    """One token-streamed utterance; times in seconds from its first token."""
+
+    split: str
+    sentence_done: float  # the token that ends the first sentence ("... early.") was sent
+    sentence_known: float  # the next word's first token: the server can tell the sentence is complete
+    flushed: float  # input.done sent (after the last token)
+    first_audio: float
+    errors: list[str]
+
+    @property
+    def from_complete(self) -> float:
+        return self.first_audio - self.sentence_done
+
+    @property
+    def from_known(self) -> float:
+        return self.first_audio - self.sentence_known
+
+
+async def token_run(ws: ClientConnection, text: str, split: str) -> TokenRun:
+    """Stream ``text`` token by token at TOKENS_PER_SECOND, flush, and time the first audio."""
+    tokens = llm_tokens(text)
+    first_end = next(i for i, t in enumerate(tokens) if t.rstrip().endswith((".", "!", "?")))
+    first_audio: float | None = None
+    errors: list[str] = []
+
+    async def read() -> None:
+        nonlocal first_audio
+        while True:
+            msg = await ws.recv()
+            if type(msg) is bytes:
+                if first_audio is None:
+                    first_audio = perf()
+                continue
+            data = json.loads(msg)
+            if data.get("type") == "error":
+                errors.append(str(data.get("message")))
+            elif data.get("type") == "session.done":
+                return
+
+    reader = asyncio.ensure_future(read())
+    t0 = perf()
+    sent: list[float] = []
+    for i, token in enumerate(tokens):
+        await asyncio.sleep(max(0.0, t0 + i / TOKENS_PER_SECOND - perf()))
+        sent.append(perf())
+        await ws.send(text_msg(token))
+    flushed = perf()
+    await ws.send(DONE_MSG)
+    await asyncio.wait_for(reader, timeout=120)
+    first = math.nan if first_audio is None else first_audio - t0
+    return TokenRun(split, sent[first_end] - t0, sent[first_end + 1] - t0, flushed - t0, first, errors)
+
+
+async def measure_token_stream(url: str, n: int, warmup: int) -> list[TokenRun]:
+    """The token stream, alternating ``sentence`` (speaks before the flush) and ``none`` sessions."""
+    runs: list[TokenRun] = []
+    async with ws_connect(url) as speak_early, ws_connect(url) as one_request:
+        await speak_early.send(config_msg(split_granularity="sentence"))
+        await one_request.send(config_msg())
+        for i in range(warmup + n):
+            for ws, split in ((speak_early, "sentence"), (one_request, "none")):
+                run = await token_run(ws, PARAGRAPH, split)
+                if i >= warmup:
+                    runs.append(run)
+        for ws in (speak_early, one_request):
+            await ws.send(CLOSE_MSG)
+    return runs
+
+
+@dataclass
 class Level:
     mode: str  # "burst" or "sustained"
     sessions: int
@@ -549,6 +633,42 @@ async def measure_level(
 
 
 # -- report -----------------------------------------------------------------------------------------
+def report_tokens(runs: list[TokenRun], verdicts: list[tuple[str, bool]]) -> None:
+    out = print
+    n_tokens = len(llm_tokens(PARAGRAPH))
+    out(
+        f"\n### 5. Token stream: {n_tokens} word tokens at {TOKENS_PER_SECOND:.0f}/s, then input.done "
+        f"(N={len(runs) // 2} per split)\n"
+    )
+    out("| split | measured from | p50 ms | p95 ms | min ms | max ms |")
+    out("|---|---|---:|---:|---:|---:|")
+    early = [r for r in runs if r.split == "sentence"]
+    late = [r for r in runs if r.split == "none"]
+    rows = (
+        ("sentence", "token ending the first sentence → first audio", [r.from_complete for r in early]),
+        ("sentence", "next word's token (sentence known complete) → first audio", [r.from_known for r in early]),
+        (
+            "sentence",
+            "input.done → first audio (negative: before the flush)",
+            [r.first_audio - r.flushed for r in early],
+        ),
+        ("none (default)", "token ending the first sentence → first audio (info)", [r.from_complete for r in late]),
+        ("none (default)", "input.done → first audio (info)", [r.first_audio - r.flushed for r in late]),
+    )
+    for split, label, xs in rows:
+        out(f"| {split} | {label} | {stats_cells(xs)} |")
+    errors = [e for r in runs for e in r.errors]
+    heard_early = all(r.first_audio < r.flushed for r in early)
+    p50 = pct([r.from_complete for r in early], 50)
+    verdicts.append(
+        (
+            f"token stream: the first sentence is heard before the flush in every run "
+            f"(p50 {ms(p50)} ms after its last token)",
+            heard_early and bool(early) and not errors,
+        )
+    )
+
+
 def report(s1: Section1, s2: Section2, levels: list[Level], meta: dict[str, Any]) -> list[tuple[str, bool]]:
     out = print
     verdicts: list[tuple[str, bool]] = []
@@ -657,6 +777,9 @@ def report(s1: Section1, s2: Section2, levels: list[Level], meta: dict[str, Any]
             )
         )
 
+    if meta.get("tokens"):
+        report_tokens(meta["tokens"], verdicts)
+
     out("\n### Targets\n")
     for text, ok in verdicts:
         out(f"- {verdict(ok)}: {text}")
@@ -740,6 +863,9 @@ async def run(args: argparse.Namespace) -> int:
         s2 = await measure_flush_length(url, engine, n2, warm)
         engine.shutdown()  # its worker threads must not share the CPUs with what follows
 
+        print(f"token stream at {TOKENS_PER_SECOND:.0f} tokens/s, N={n2} per split ...", file=sys.stderr)
+        tokens = await measure_token_stream(url, n2, warm)
+
         results: list[Level] = []
         rounds = 2 if args.quick else 3
         for mode in ("sustained", "burst"):
@@ -757,7 +883,8 @@ async def run(args: argparse.Namespace) -> int:
         "mode": "quick" if args.quick else "full",
         "server": f"started here ({url}, log {server.log_path})" if server else f"existing ({url})",
         "engine_settings": engine_settings(),
-        "para_sent": para.sentences,
+        "para_sent": len(re.findall(r"[.!?](?:\s|$)", PARAGRAPH)),
+        "tokens": tokens,
         "para_audio": para.audio_seconds,
         "log": log_findings(server.log_path) if server else None,
         "log_path": server.log_path if server else None,

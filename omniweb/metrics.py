@@ -47,8 +47,8 @@ SESSIONS_OPEN = Gauge(
 )
 TIME_TO_FIRST_AUDIO = Histogram(
     "omniweb_time_to_first_audio_seconds",
-    "Seconds from input.done to the first audio sent for that utterance "
-    "(mode=stream: first PCM chunk; mode=file: the first sentence's encoded file)",
+    "Seconds from the start of an utterance (input.done, or its first completed piece when spoken "
+    "before the flush) to its first audio (mode=stream: first PCM chunk; mode=file: the first encoded file)",
     ["mode"],
     buckets=(0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
     registry=REGISTRY,
@@ -103,7 +103,8 @@ def count_error_message(payload: dict[str, Any]) -> None:
 
 
 class FirstAudioClock:
-    """Started when an utterance is flushed (``input.done``); ``audio_sent`` observes once."""
+    """Started when an utterance starts (``input.done``, or with sentence/clause split the first
+    completed piece, spoken before the flush); ``audio_sent`` observes once."""
 
     __slots__ = ("_done", "_started")
 

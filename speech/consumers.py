@@ -3,7 +3,14 @@
 Channels dispatches this socket's messages one at a time to ``receive`` (the single reader). Each
 message type has its own handler. An utterance's generation runs as a separate task so the reader
 keeps listening: ``input.cancel`` stops it between two engine steps, and any other message that
-arrives meanwhile is kept, in order, and handled once the utterance is done.
+arrives after the flush is kept, in order, and handled once the utterance is done.
+
+The shape of an utterance on the wire follows ``split_granularity``. ``none`` (the default, as the
+reference) makes the flush one sentence: one ``audio.start``, the audio, one ``audio.done``, while
+the engine still synthesizes it sentence by sentence, so first audio does not wait for the whole
+text. ``sentence`` and ``clause`` send each piece as its own sentence and start speaking a piece as
+soon as its text is complete, before ``input.done`` (the utterance then runs as one engine request
+per batch of completed pieces, with the noise generator carried from one request to the next).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import contextlib
 import enum
 import json
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -32,7 +40,8 @@ from .codec import wire
 from .codec.loops import CODEC_PIPELINE, shared_codec
 from .codec.model import CodecTableError
 from .protocol import ProtocolError, SessionConfig
-from .tts.loops import PIPELINE
+from .text import split_text
+from .tts.loops import FRAME_SECONDS, PIPELINE
 from .tts.model import capabilities
 
 logger = logging.getLogger(__name__)
@@ -44,7 +53,8 @@ MAX_PENDING_BYTES = 8 * 1024 * 1024
 class SessionState(enum.Enum):
     AWAITING_CONFIG = "awaiting_config"
     READY = "ready"  # configured; buffering text or idle
-    GENERATING = "generating"  # an utterance is being synthesized and streamed
+    SPEAKING = "speaking"  # sentence/clause: completed pieces are spoken while the client still writes
+    GENERATING = "generating"  # flushed: the rest of the utterance is synthesized and streamed
     CLOSED = "closed"
 
 
@@ -55,6 +65,10 @@ class _Sentence:
     sent_bytes: int = 0
     chunk_id: int = 0
     buffer: list[bytes] = field(default_factory=list)
+    pcm_bytes: int = 0  # PCM through this wire sentence so far, streamed or buffered for its file
+    # split_granularity none: word timings of the engine sentences so far, on the flush's timeline
+    timestamps: list[dict[str, Any]] = field(default_factory=list)
+    part_start: int = 0  # pcm_bytes where the engine sentence now playing began
     # codec_tokens mode: packets sent (the next seq), frames sent, and whether the EOS packet went out
     seq: int = 0
     frames: int = 0
@@ -64,12 +78,21 @@ class _Sentence:
 @dataclass
 class _Utterance:
     index: int
-    request_id: str
+    text: str  # the text so far (the flushed text for split_granularity none)
+    merge: bool  # split_granularity none: the engine's sentences are one sentence on the wire
+    request_id: str = ""  # the engine request now streaming
     cancelled: bool = False
     current: _Sentence | None = None
     sentences: int = 0  # audio.done (codec.done) messages sent
     codec: dict[str, Any] | None = None  # codec_tokens mode: the codec's description for codec.start
     ttfa: metrics.FirstAudioClock = field(default_factory=metrics.FirstAudioClock)  # ops: input.done → audio
+    feed: list[str] = field(default_factory=list)  # completed pieces not yet sent to the engine
+    input_done: bool = True  # False while the client may still add pieces (speaking before the flush)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # new pieces, the flush, or a cancel
+    streaming: bool = False  # an engine request is open
+    rng_state: str | None = None  # the seeded noise where the previous request left it
+    first_audio_at: float | None = None
+    media_seconds: float = 0.0  # audio (or codes) sent, in seconds of playback
 
 
 class SpeechStreamConsumer(SessionConsumer):
@@ -92,7 +115,7 @@ class SpeechStreamConsumer(SessionConsumer):
             config_timeout=settings.SPEECH_CONFIG_TIMEOUT,
             idle_timeout=settings.SPEECH_IDLE_TIMEOUT,
             configured=lambda: self.config is not None,
-            paused=lambda: self.state is SessionState.GENERATING,  # an utterance streams
+            paused=self._streaming,  # an utterance streams
             closed=lambda: self.state is SessionState.CLOSED,
             on_timeout=self.on_timeout,
         )
@@ -104,6 +127,12 @@ class SpeechStreamConsumer(SessionConsumer):
             "input.cancel": self.on_input_cancel,
             "session.close": self.on_session_close,
         }
+
+    def _streaming(self) -> bool:
+        """No idle timeout while audio is made for the client (it has nothing to say meanwhile)."""
+        if self.state is SessionState.GENERATING:
+            return True
+        return self.state is SessionState.SPEAKING and self.utterance is not None and self.utterance.streaming
 
     async def disconnect(self, code: int) -> None:
         self.state = SessionState.CLOSED
@@ -121,7 +150,8 @@ class SpeechStreamConsumer(SessionConsumer):
         if self.state is SessionState.CLOSED:
             return
         generating = self.state is SessionState.GENERATING
-        if generating and text_data is not None and _is_cancel(text_data):
+        speaking = generating or self.state is SessionState.SPEAKING
+        if speaking and text_data is not None and _is_cancel(text_data):
             await self.cancel_utterance()
             return
         if generating or self.replaying:  # keep arrival order behind the messages held so far
@@ -155,7 +185,7 @@ class SpeechStreamConsumer(SessionConsumer):
 
     # -- handlers, one per message type ------------------------------------------------------------
     async def on_session_config(self, msg: dict[str, Any]) -> None:
-        if self.text_parts:
+        if self.text_parts or self.state is SessionState.SPEAKING:
             await self.send_json(
                 protocol.error("session.config cannot be applied while input is buffered; send input.done first")
             )
@@ -183,26 +213,75 @@ class SpeechStreamConsumer(SessionConsumer):
             return
         self.text_parts.append(text)
         self.text_chars += len(text)
+        assert self.config is not None
+        if self.config.split_granularity != "none":
+            await self._speak_completed(self.config)
+
+    async def _speak_completed(self, config: SessionConfig) -> None:
+        """Hand every piece whose text is complete to the utterance, starting it if need be.
+
+        A piece is complete once text follows it that the splitter cuts before (a sentence end is
+        only known when the next word has begun: "Dr. Smith" is one sentence). The last piece stays
+        buffered until more text comes or ``input.done`` flushes it.
+        """
+        buffered = "".join(self.text_parts)
+        pieces = split_text(buffered, config.split_granularity)
+        if len(pieces) < 2:
+            return
+        cut = buffered.rfind(pieces[-1])
+        if cut < 0:  # the last piece was rejoined by the splitter: wait for more text
+            return
+        complete = pieces[:-1]
+        if self.utterance is None:
+            codec, problem = await self._flush_plan(config)
+            if problem is not None:  # reported at input.done, as for a plain flush
+                return
+            self.text_parts = [buffered[cut:]]
+            self.start_utterance(complete, config, codec, input_done=False)
+            return
+        self.text_parts = [buffered[cut:]]
+        self.utterance.feed.extend(complete)
+        self.utterance.text = f"{self.utterance.text} {' '.join(complete)}"
+        self.utterance.wake.set()
 
     async def on_input_done(self, msg: dict[str, Any]) -> None:
         assert self.config is not None
         text = "".join(self.text_parts).strip()
         self.text_parts.clear()
         self.text_chars = 0
+        config = self.config
+        utt = self.utterance
+        if utt is not None:  # speaking before the flush: the rest joins the utterance
+            pieces = split_text(text, config.split_granularity)
+            utt.feed.extend(pieces)
+            if pieces:
+                utt.text = f"{utt.text} {' '.join(pieces)}"
+            utt.input_done = True
+            utt.wake.set()
+            self.state = SessionState.GENERATING
+            return
         if text:
-            config = self.config
-            uses_codec = config.output_mode == "codec_tokens" or config.vocoder == "codec"
-            spec = await self._codec_spec() if uses_codec else None
-            problem = protocol.flush_precondition_error(config, codec_ready=spec is not None)
+            codec, problem = await self._flush_plan(config)
             if problem is None:
-                self.start_utterance(text, config, spec if config.output_mode == "codec_tokens" else None)
+                pieces = [text] if config.split_granularity == "none" else split_text(text, config.split_granularity)
+                self.start_utterance(pieces, config, codec)
                 return
             await self.send_json(protocol.error(problem))
         await self.send_json(protocol.session_done(self.utterance_index, 0))
         self.utterance_index += 1
 
+    async def _flush_plan(self, config: SessionConfig) -> tuple[dict[str, Any] | None, str | None]:
+        """The codec spec for codec_tokens output (else None), and why the flush cannot run (else None)."""
+        uses_codec = config.output_mode == "codec_tokens" or config.vocoder == "codec"
+        spec = await self._codec_spec() if uses_codec else None
+        problem = protocol.flush_precondition_error(config, codec_ready=spec is not None)
+        return (spec if config.output_mode == "codec_tokens" else None), problem
+
     async def on_input_cancel(self, msg: dict[str, Any]) -> None:
-        # Nothing is generating here (a cancel during generation is taken by ``receive``).
+        if self.utterance is not None:  # replayed while speaking before the flush: stop it
+            await self.cancel_utterance()
+            return
+        # Nothing is generating here (a cancel during an utterance is taken by ``receive``).
         self.text_parts.clear()
         self.text_chars = 0
         await self.send_json(protocol.input_cancelled(self.utterance_index))
@@ -222,47 +301,89 @@ class SpeechStreamConsumer(SessionConsumer):
         return codec.spec()
 
     # -- utterances --------------------------------------------------------------------------------
-    def start_utterance(self, text: str, config: SessionConfig, codec: dict[str, Any] | None = None) -> None:
-        """Submit the flush; ``codec`` (the codec's spec) selects codec_tokens output."""
-        self.state = SessionState.GENERATING
-        self.utterance = _Utterance(index=self.utterance_index, request_id=uuid.uuid4().hex, codec=codec)
+    def start_utterance(
+        self, pieces: list[str], config: SessionConfig, codec: dict[str, Any] | None = None, *, input_done: bool = True
+    ) -> None:
+        """Start speaking ``pieces``; ``codec`` (the codec's spec) selects codec_tokens output.
+
+        ``input_done=False``: the client is still writing; more pieces come through ``feed``.
+        """
+        self.state = SessionState.GENERATING if input_done else SessionState.SPEAKING
+        self.utterance = _Utterance(
+            index=self.utterance_index,
+            text=" ".join(pieces),
+            merge=config.split_granularity == "none" and codec is None,
+            codec=codec,
+            feed=list(pieces),
+            input_done=input_done,
+        )
+        self.generation = asyncio.ensure_future(self._run_utterance(self.utterance, config))
+
+    def _request(self, utt: _Utterance, config: SessionConfig, pieces: list[str]) -> dict[str, Any]:
+        """The engine request for the next pieces of the utterance."""
+        if config.split_granularity == "none":
+            # One sentence on the wire, but synthesized sentence by sentence so the first one plays
+            # while the rest is made (codec_tokens keeps one code stream: the talker takes it whole).
+            text, split = pieces[0], ("none" if utt.codec is not None else "sentence")
+        else:
+            # One piece per line: the splitter cuts them exactly where they were cut here.
+            text, split = "\n".join(pieces), config.split_granularity
         request: dict[str, Any] = {
             "pipeline": PIPELINE,
             "text": text,
             "voice": config.voice,
             "speed": config.speed,
             "seed": config.seed,
-            "split": config.split_granularity,
+            "split": split,
             "timestamps": config.word_timestamps,
             "first_chunk_frames": config.initial_codec_chunk_frames,
             "max_frames": config.max_new_tokens,
             "priority": config.priority,
         }
-        if codec is not None:
+        if split == "sentence" and utt.merge:
+            request["max_frames_scope"] = "request"  # max_new_tokens caps the flush, as one request
+            if not config.stream_audio:
+                request["paced"] = False  # one file at the end: nothing plays meanwhile, so no pacing
+        if utt.rng_state is not None:
+            request["rng_state"] = utt.rng_state
+        if utt.codec is not None:
             # As the reference's codec request: no timestamps, no vocoder chunking (nothing is vocoded).
             request.update(pipeline=CODEC_PIPELINE, codec_output="codes", timestamps=False, first_chunk_frames=None)
         elif config.vocoder == "codec":
             request.update(pipeline=CODEC_PIPELINE, codec_output="pcm")
-        self.generation = asyncio.ensure_future(self._run_utterance(self.utterance, request, config))
+        return request
 
     async def cancel_utterance(self) -> None:
-        if self.utterance is not None and not self.utterance.cancelled:
-            self.utterance.cancelled = True
-            await self.engine.abort(self.utterance.request_id)
+        utt = self.utterance
+        if utt is not None and not utt.cancelled:
+            utt.cancelled = True
+            self.text_parts.clear()
+            self.text_chars = 0
+            utt.wake.set()
+            if utt.streaming:
+                await self.engine.abort(utt.request_id)
 
-    async def _run_utterance(self, utt: _Utterance, request: dict[str, Any], config: SessionConfig) -> None:
+    async def _run_utterance(self, utt: _Utterance, config: SessionConfig) -> None:
+        """Speak the utterance's pieces as they come, one engine request per batch, then end it."""
         try:
-            async with contextlib.aclosing(self.engine.stream(request, utt.request_id)) as stream:
-                async for chunk in stream:
-                    await self._on_chunk(utt, config, chunk)
-                    if self.client_stalled():
-                        logger.warning("closing a session whose client stopped reading")
-                        # Leaving the loop closes the engine stream, which aborts the request.
-                        await self.fail(
-                            f"Client is not reading: over {settings.SESSION_SEND_BUFFER_MAX} bytes queued; "
-                            "session closed"
-                        )
-                        break
+            status = "ok"
+            while status == "ok" and (utt.feed or not utt.input_done) and not utt.cancelled:
+                if not utt.feed:
+                    utt.wake.clear()
+                    await utt.wake.wait()
+                    continue
+                await self._pace(utt)
+                if utt.cancelled:
+                    break
+                pieces, utt.feed = utt.feed, []
+                status = await self._stream_request(utt, config, self._request(utt, config, pieces))
+            if status == "ok":
+                if utt.cancelled and (utt.feed or not utt.input_done):  # a cancel after the last audio is moot
+                    await self._end_utterance(utt, config, cancelled=True)
+                else:
+                    if utt.current is not None:  # split_granularity none: the flush's one sentence
+                        await self._close_sentence(utt, utt.current, config)
+                    await self.send_json(protocol.session_done(utt.index, utt.sentences))
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -272,15 +393,79 @@ class SpeechStreamConsumer(SessionConsumer):
         self.utterance_index += 1
         if self.state is SessionState.CLOSED:
             return
+        if self.state is SessionState.SPEAKING:
+            # Ended before the flush (cancelled or failed): what the client writes next is a new utterance.
+            self.text_parts.clear()
+            self.text_chars = 0
         self.state = SessionState.READY
         self.clock.touch()  # the idle clock restarts when the utterance ends
         await self._replay_pending()
+
+    async def _pace(self, utt: _Utterance) -> None:
+        """Before the next request: wait while the audio sent is over ENGINE_MAX_AHEAD_SECONDS ahead.
+
+        The engine paces each request from its own first audio; across the requests of one
+        utterance the listener's position is only known here.
+        """
+        limit = settings.ENGINE_MAX_AHEAD_SECONDS
+        while limit > 0 and utt.first_audio_at is not None and not utt.cancelled:
+            ahead = utt.media_seconds - (time.monotonic() - utt.first_audio_at)
+            if ahead <= limit:
+                return
+            utt.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(utt.wake.wait(), ahead - limit)
+
+    async def _stream_request(self, utt: _Utterance, config: SessionConfig, request: dict[str, Any]) -> str:
+        """Stream one engine request to the client; its end status ("stalled": the session was closed).
+
+        Anything but "ok" has already ended the utterance on the wire.
+        """
+        utt.request_id = uuid.uuid4().hex
+        utt.streaming = True
+        self.clock.touch()  # the idle clock pauses while audio is made
+        try:
+            async with contextlib.aclosing(self.engine.stream(request, utt.request_id)) as stream:
+                async for chunk in stream:
+                    if chunk["type"] == "end":
+                        return await self._on_end(utt, config, chunk)
+                    await self._on_chunk(utt, config, chunk)
+                    if self.client_stalled():
+                        logger.warning("closing a session whose client stopped reading")
+                        # Leaving the loop closes the engine stream, which aborts the request.
+                        await self.fail(
+                            f"Client is not reading: over {settings.SESSION_SEND_BUFFER_MAX} bytes queued; "
+                            "session closed"
+                        )
+                        return "stalled"
+        finally:
+            utt.streaming = False
+            self.clock.touch()
+        raise RuntimeError("engine stream ended without an end chunk")
+
+    async def _on_end(self, utt: _Utterance, config: SessionConfig, chunk: dict[str, Any]) -> str:
+        status = chunk["status"]
+        if status == "ok":
+            utt.rng_state = chunk.get("rng_state")
+        elif status == "cancelled" and utt.cancelled:
+            await self._end_utterance(utt, config, cancelled=True)
+        elif status == "busy" and utt.sentences == 0 and utt.current is None:
+            await self.send_json(protocol.error(chunk["message"]))
+            await self.send_json(protocol.session_done(utt.index, 0))
+        elif status == "busy":  # a later request of an utterance that already spoke
+            await self.send_json(protocol.error(chunk["message"]))
+            await self._end_utterance(utt, config, failed=True)
+        else:
+            logger.warning("utterance %d ended with %s: %s", utt.index, status, chunk.get("message"))
+            await self._end_utterance(utt, config, failed=True)
+        return status
 
     async def _replay_pending(self) -> None:
         """Handle the held messages in order; new arrivals queue behind them until it is done."""
         self.replaying = True
         try:
-            while self.pending and self.state is SessionState.READY:
+            # SPEAKING (a replayed input.text completed a piece) takes every message type too.
+            while self.pending and self.state in (SessionState.READY, SessionState.SPEAKING):
                 text_data, bytes_data = self.pending.popleft()
                 self.pending_bytes -= len(text_data if text_data is not None else bytes_data or b"")
                 await self.handle(text_data, bytes_data)
@@ -289,45 +474,56 @@ class SpeechStreamConsumer(SessionConsumer):
 
     async def _on_chunk(self, utt: _Utterance, config: SessionConfig, chunk: dict[str, Any]) -> None:
         kind = chunk["type"]
-        if utt.codec is not None and kind != "end":
+        if utt.codec is not None:
             await self._on_codec_chunk(utt, utt.codec, config, chunk)
         elif kind == "sentence.start":
-            utt.current = _Sentence(index=chunk["sentence_index"], text=chunk["text"])
+            if utt.merge and utt.current is not None:  # the next engine sentence continues the flush
+                utt.current.part_start = utt.current.pcm_bytes
+                return
+            utt.current = _Sentence(index=utt.sentences, text=utt.text if utt.merge else chunk["text"])
             await self.send_json(protocol.audio_start(config, utt.index, utt.current.index, utt.current.text))
         elif kind == "audio" and utt.current is not None:
             await self._on_audio(utt, utt.current, config, chunk["pcm"])
         elif kind == "sentence.end" and utt.current is not None:
             sentence = utt.current
-            if not config.stream_audio:
-                blob = await asyncio.to_thread(protocol.encode_audio, b"".join(sentence.buffer), config.response_format)
-                sentence.buffer.clear()
-                sentence.sent_bytes = len(blob)
-                await self.send(bytes_data=blob)
-                utt.ttfa.audio_sent(stream=False)  # ops
-            elif config.word_timestamps:
-                final = protocol.audio_chunk(utt.index, sentence.index, sentence.chunk_id, b"", 0, chunk["timestamps"])
-                final["chunk_end_ms"] = protocol.samples_to_ms(sentence.sent_bytes)
-                await self.send_json(final)
-            await self.send_json(protocol.audio_done(utt.index, sentence.index, sentence.sent_bytes))
-            utt.sentences += 1
-            utt.current = None
-        elif kind == "end":
-            status = chunk["status"]
-            if status == "ok":
-                await self.send_json(protocol.session_done(utt.index, utt.sentences))
-            elif status == "cancelled" and utt.cancelled:
-                await self._end_utterance(utt, config, cancelled=True)
-            elif status == "busy":
-                await self.send_json(protocol.error(chunk["message"]))
-                await self.send_json(protocol.session_done(utt.index, 0))
-            else:
-                logger.warning("utterance %d ended with %s: %s", utt.index, status, chunk.get("message"))
-                await self._end_utterance(utt, config, failed=True)
+            offset = protocol.samples_to_ms(sentence.part_start)
+            for word in chunk["timestamps"] or ():
+                sentence.timestamps.append(
+                    {**word, "start_ms": word["start_ms"] + offset, "end_ms": word["end_ms"] + offset}
+                )
+            if not utt.merge:
+                await self._close_sentence(utt, sentence, config)
+
+    async def _close_sentence(self, utt: _Utterance, sentence: _Sentence, config: SessionConfig) -> None:
+        """The sentence's file (file mode) or final timestamps chunk, then its audio.done."""
+        if not config.stream_audio:
+            blob = await asyncio.to_thread(protocol.encode_audio, b"".join(sentence.buffer), config.response_format)
+            sentence.buffer.clear()
+            sentence.sent_bytes = len(blob)
+            await self.send(bytes_data=blob)
+            utt.ttfa.audio_sent(stream=False)  # ops
+            self._played(utt, sentence.pcm_bytes / protocol.BYTES_PER_SAMPLE / protocol.SAMPLE_RATE)
+        elif config.word_timestamps:
+            final = protocol.audio_chunk(utt.index, sentence.index, sentence.chunk_id, b"", 0, sentence.timestamps)
+            final["chunk_end_ms"] = protocol.samples_to_ms(sentence.sent_bytes)
+            await self.send_json(final)
+        await self.send_json(protocol.audio_done(utt.index, sentence.index, sentence.sent_bytes))
+        utt.sentences += 1
+        utt.current = None
+
+    @staticmethod
+    def _played(utt: _Utterance, seconds: float) -> None:
+        """Count media sent, for pacing across the utterance's requests."""
+        if utt.first_audio_at is None:
+            utt.first_audio_at = time.monotonic()
+        utt.media_seconds += seconds
 
     async def _on_audio(self, utt: _Utterance, sentence: _Sentence, config: SessionConfig, pcm: bytes) -> None:
+        sentence.pcm_bytes += len(pcm)
         if not config.stream_audio:
             sentence.buffer.append(pcm)
             return
+        self._played(utt, len(pcm) / protocol.BYTES_PER_SAMPLE / protocol.SAMPLE_RATE)
         if config.word_timestamps:
             await self.send_json(
                 protocol.audio_chunk(utt.index, sentence.index, sentence.chunk_id, pcm, sentence.sent_bytes, None)
@@ -344,7 +540,7 @@ class SpeechStreamConsumer(SessionConsumer):
         """codec_tokens mode: codec.start, one binary packet per engine packet, codec.done."""
         kind = chunk["type"]
         if kind == "sentence.start":
-            utt.current = _Sentence(index=chunk["sentence_index"], text=chunk["text"])
+            utt.current = _Sentence(index=utt.sentences, text=chunk["text"])
             await self.send_json(self._codec_start(utt, codec, config, utt.current))
         elif kind == "codes" and utt.current is not None:
             sentence = utt.current
@@ -363,6 +559,7 @@ class SpeechStreamConsumer(SessionConsumer):
             sentence.frames += rows.shape[0]
             sentence.eos_sent = last
             utt.ttfa.audio_sent(stream=True)  # ops
+            self._played(utt, rows.shape[0] * FRAME_SECONDS)
         elif kind == "sentence.end" and utt.current is not None:
             sentence = utt.current
             await self.send_json(protocol.codec_done(utt.index, sentence.index, sentence.frames, sentence.seq - 1))
@@ -423,7 +620,7 @@ class SpeechStreamConsumer(SessionConsumer):
             return
         sentence = utt.current
         if sentence is None:
-            sentence = _Sentence(index=utt.sentences, text="")
+            sentence = _Sentence(index=utt.sentences, text=utt.text if utt.merge else "")
             await self.send_json(protocol.audio_start(config, utt.index, sentence.index, sentence.text))
         if failed:
             await self.send_json(

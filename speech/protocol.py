@@ -20,6 +20,7 @@ from omniweb.protocol import error as base_error
 
 SAMPLE_RATE = 24000
 BYTES_PER_SAMPLE = 2  # 16-bit mono PCM
+CHANNELS = 1
 MAX_CONFIG_MESSAGE_SIZE = 4 * 1024 * 1024  # room for ref_audio payloads
 MAX_OTHER_MESSAGE_SIZE = 128 * 1024
 MAX_EMBEDDING_DIM = 8192
@@ -51,7 +52,7 @@ class SessionConfig(BaseModel):
     word_timestamps: bool = False
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     output_mode: Literal["pcm", "codec_tokens"] = "pcm"
-    split_granularity: Literal["sentence", "clause", "none"] = "sentence"
+    split_granularity: Literal["sentence", "clause", "none"] = "none"  # the reference: one request per flush
     # omniweb extension: "codec" makes the audio by decoding the codec_tokens stream on the server,
     # so it is sample for sample what a client decoding that stream plays.
     vocoder: Literal["hibari", "codec"] = "hibari"
@@ -202,6 +203,7 @@ def audio_start(config: SessionConfig, utterance: int, sentence: int, text: str)
     }
     if config.stream_audio and config.response_format == "pcm":
         payload["sample_rate"] = SAMPLE_RATE
+        payload["channels"] = CHANNELS  # as newer upstream clients expect
     if config.word_timestamps:
         payload["word_timestamps"] = True
     return payload
@@ -228,6 +230,7 @@ def audio_chunk(
         "chunk_start_ms": samples_to_ms(start_byte),
         "chunk_end_ms": samples_to_ms(start_byte + len(pcm)),
         "sample_rate": SAMPLE_RATE,
+        "channels": CHANNELS,
         "audio_b64": base64.b64encode(pcm).decode("ascii"),
         "timestamps": timestamps,
     }

@@ -361,7 +361,9 @@ async def run_session(
     timeout: float = 60.0,
 ) -> None:
     """Speak ``texts`` through nginx, then each of ``then`` as further utterances on the same socket."""
-    config = {"response_format": "pcm", "stream_audio": True} if config is None else config
+    # Sentence by sentence: these tests count sentences through the stack (the default is one per flush).
+    default = {"response_format": "pcm", "stream_audio": True, "split_granularity": "sentence"}
+    config = default if config is None else config
     async with websockets.connect(n.ws_url, ssl=n.client_ssl(), max_size=None, open_timeout=20) as ws:
         await ws.send(json.dumps({"type": "session.config", **config}))
         for utterance, parts in enumerate([texts, *(then or [])]):

@@ -320,6 +320,15 @@ def test_paced_streams_stay_a_bounded_time_ahead_of_their_listener(make_schedule
     assert [t["i"] for t in ticks] == list(range(12))
 
 
+def test_a_request_marked_unpaced_runs_as_fast_as_it_can(make_scheduler):
+    """paced: False (a file made for one flush, which nobody hears while it is made)."""
+    sched, _ = make_scheduler(workers=1, max_ahead=0.5)
+    sink = Collector()
+    sched.submit("file", {"pipeline": "count", "steps": 600, "paced": False}, sink)  # 60 s of media
+    assert sink.ended.wait(20), "paced, this would take about a minute"
+    assert len([c for c in sink.chunks if c["type"] == "tick"]) == 600
+
+
 def test_pacing_does_not_delay_a_second_stream(make_scheduler):
     sched, _ = make_scheduler(workers=1, max_ahead=0.3)
     slow, fresh = Collector(), Collector()

@@ -100,14 +100,14 @@ def test_every_sentence_is_spoken_in_order(engine):
 
 def test_text_only_does_no_audio_work(engine):
     chunks = engine.run({"question": "What changed?", "frames": people_frames(), "modalities": ["text"]})
-    assert set(kinds(chunks)) == {"text", "end"}
+    assert set(kinds(chunks)) == {"text", "text.end", "end"}
     assert "Someone came into view" in chunks[-1][1]["text"]
     assert set(engine.kinds) == {"thinker"}  # no talker, no vocoder step ran
 
 
 def test_silence_gets_an_honest_answer_not_a_guess(engine):
     chunks = engine.run({"question": "", "audio": bytes(32_000), "frames": people_frames(), "modalities": ["text"]})
-    assert kinds(chunks) == ["transcript", "text", "end"]
+    assert kinds(chunks) == ["transcript", "text", "text.end", "end"]
     assert chunks[0][1]["text"] == ""
     assert chunks[-1][1] == {"type": "end", "status": "ok", "text": NOTHING_HEARD, "transcript": ""}
 

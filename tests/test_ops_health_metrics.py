@@ -159,7 +159,7 @@ async def test_a_speech_session_is_measured(connect):
     open_before = sample("omniweb_sessions_open", endpoint=SPEECH_PATH)
     protocol_before = sample("omniweb_errors_total", kind="protocol")
 
-    comm = await session(connect, response_format="pcm", stream_audio=True)
+    comm = await session(connect, response_format="pcm", stream_audio=True, split_granularity="sentence")
     assert sample("omniweb_sessions_open", endpoint=SPEECH_PATH) == open_before + 1
     t = await speak(comm, "Hello there. How are you?")
     assert t.errors == [] and len(t.of_type("audio.done")) == 2

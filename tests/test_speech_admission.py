@@ -164,9 +164,9 @@ async def test_over_capacity_session_gets_an_error_at_once(connect, tiny, tiny_c
 
 async def test_sessions_beyond_capacity_are_refused_while_admitted_ones_finish(connect, tiny, tiny_client):
     text = " ".join(f"Sentence {i} of a flush that keeps the tiny engine busy." for i in range(15))
-    a = await session(connect, response_format="pcm")
-    b = await session(connect, response_format="pcm")
-    c = await session(connect, response_format="pcm")
+    a = await session(connect, split_granularity="sentence", response_format="pcm")
+    b = await session(connect, split_granularity="sentence", response_format="pcm")
+    c = await session(connect, split_granularity="sentence", response_format="pcm")
     for comm in (a, b):
         await comm.send_json_to({"type": "input.text", "text": text})
         await comm.send_json_to({"type": "input.done"})

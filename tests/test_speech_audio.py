@@ -62,8 +62,8 @@ def pcm_of(t: Transcript) -> bytes:
 # -- containers ------------------------------------------------------------------------------------
 
 
-async def test_default_wav_one_file_per_sentence(connect):
-    comm = await session(connect)
+async def test_wav_one_file_per_sentence(connect):
+    comm = await session(connect, split_granularity="sentence")
     t = await speak(comm, TWO)
     sentences = assert_well_formed(t)
     assert [s.start["sentence_text"] for s in sentences] == [FOX, JUGS]
@@ -164,10 +164,10 @@ async def test_split_granularity(connect, granularity, expected):
     assert all(rms(s.audio) > 200 for s in sentences)
 
 
-async def test_default_granularity_is_sentence(connect):
+async def test_default_granularity_is_none(connect):
     comm = await session(connect, response_format="pcm")
     t = await speak(comm, SPLIT_TEXT)
-    assert len(assert_well_formed(t)) == 2
+    assert [s.start["sentence_text"] for s in assert_well_formed(t)] == [SPLIT_TEXT]
 
 
 # -- seeds, speed, length caps ---------------------------------------------------------------------
@@ -216,8 +216,8 @@ async def test_speed_changes_duration(connect):
 
 async def test_max_new_tokens_caps_every_sentence(connect):
     frames = 24  # 24 × 12.5 ms = 0.3 s
-    capped = await session(connect, response_format="pcm", max_new_tokens=frames, seed=2)
-    free = await session(connect, response_format="pcm", seed=2)
+    capped = await session(connect, split_granularity="sentence", response_format="pcm", max_new_tokens=frames, seed=2)
+    free = await session(connect, split_granularity="sentence", response_format="pcm", seed=2)
     capped_sentences = assert_well_formed(await speak(capped, TWO))
     free_sentences = assert_well_formed(await speak(free, TWO))
     assert len(capped_sentences) == len(free_sentences) == 2
@@ -228,7 +228,9 @@ async def test_max_new_tokens_caps_every_sentence(connect):
 
 
 async def test_max_new_tokens_caps_streamed_audio(connect):
-    comm = await session(connect, response_format="pcm", stream_audio=True, max_new_tokens=10)
+    comm = await session(
+        connect, split_granularity="sentence", response_format="pcm", stream_audio=True, max_new_tokens=10
+    )
     for s in assert_well_formed(await speak(comm, TWO)):
         assert 0 < s.done["total_bytes"] == len(s.audio) <= 10 * 300 * 2
 
@@ -271,7 +273,9 @@ def check_timestamp_sentence(s: Sentence) -> list[dict]:
 
 
 async def test_word_timestamps_stream(connect):
-    comm = await session(connect, response_format="pcm", stream_audio=True, word_timestamps=True)
+    comm = await session(
+        connect, split_granularity="sentence", response_format="pcm", stream_audio=True, word_timestamps=True
+    )
     t = await speak(comm, TWO)
     sentences = assert_well_formed(t)
     assert len(sentences) == 2
@@ -353,8 +357,15 @@ async def test_word_timestamps_across_model_segments(connect):
 
 async def test_concurrent_sessions_with_the_same_seed_get_identical_audio(connect):
     text = f"{TWO} How vexingly quick daft zebras jump."
-    solo = pcm_of(await speak(await session(connect, response_format="pcm", stream_audio=True, seed=7), text))
-    comms = [await session(connect, response_format="pcm", stream_audio=True, seed=7) for _ in range(4)]
+    solo = pcm_of(
+        await speak(
+            await session(connect, split_granularity="sentence", response_format="pcm", stream_audio=True, seed=7), text
+        )
+    )
+    comms = [
+        await session(connect, split_granularity="sentence", response_format="pcm", stream_audio=True, seed=7)
+        for _ in range(4)
+    ]
     results = await asyncio.gather(*(speak(comm, text) for comm in comms))
     for t in results:
         assert len(assert_well_formed(t)) == 3

@@ -101,7 +101,7 @@ async def test_cancel_allows_a_new_config(connect):
     ids=["stream", "timestamps", "wav"],
 )
 async def test_cancel_mid_generation_stops_the_stream(connect, config):
-    comm = await session(connect, **config)
+    comm = await session(connect, split_granularity="sentence", **config)
     await start_long_utterance(comm)
     # Wait until audio is flowing, then cancel.
     head = await receive_until(comm, lambda m: is_binary(m) or is_type("audio.chunk")(m) or is_type("audio.done")(m))
@@ -159,7 +159,7 @@ async def test_cancel_before_any_audio_keeps_start_done_pairs(connect):
 
 
 async def test_messages_during_generation_are_processed_in_order_after_it(connect):
-    comm = await session(connect, response_format="wav")
+    comm = await session(connect, split_granularity="sentence", response_format="wav")
     first = "One sentence here. And a second one. Then a third."
     await comm.send_json_to({"type": "input.text", "text": first})
     await comm.send_json_to({"type": "input.done"})
@@ -217,7 +217,7 @@ async def test_queued_messages_survive_a_cancel(connect):
 
 
 async def test_session_close_during_generation_waits_for_the_utterance(connect):
-    comm = await session(connect)
+    comm = await session(connect, split_granularity="sentence")
     await start_long_utterance(comm, "First sentence. Second sentence.")
     await comm.send_json_to({"type": "session.close"})
     t = await receive_until(comm, lambda m: False)  # until the close

@@ -452,7 +452,7 @@ async def test_idle_clock_restarts_on_every_message(connect, settings):
 
 async def test_idle_timeout_does_not_fire_during_generation(connect, settings):
     short_timeouts(settings, 0.25)
-    comm = await session(connect)
+    comm = await session(connect, split_granularity="sentence")
     text = " ".join(f"Sentence number {i} takes a little while to say." for i in range(40))
     flushed = asyncio.get_running_loop().time()
     t = await speak(comm, text)
@@ -477,7 +477,7 @@ async def test_idle_timeout_shorter_than_config_timeout(connect, settings):
 
 
 async def test_utterance_index_counts_every_flush(connect):
-    comm = await session(connect)
+    comm = await session(connect, split_granularity="sentence")
     seen = []
     for text in [HELLO, "", "   ", "One. Two."]:
         t = await speak(comm, text)
@@ -496,7 +496,7 @@ async def test_blank_flush_gives_zero_sentences(connect):
 
 
 async def test_text_parts_are_joined_before_splitting(connect):
-    comm = await session(connect, response_format="pcm")
+    comm = await session(connect, split_granularity="sentence", response_format="pcm")
     t = await speak(comm, ["Hel", "lo wor", "ld. Second ", "one."])
     assert [s.start["sentence_text"] for s in t.sentences()] == ["Hello world.", "Second one."]
     assert [s.start["sentence_index"] for s in t.sentences()] == [0, 1]

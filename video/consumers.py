@@ -85,6 +85,7 @@ class _Turn:
     text: list[str] = field(default_factory=list)
     transcript: str | None = None
     audio_deltas: int = 0
+    text_done: bool = False  # response.text.done sent (as soon as the text is complete)
 
 
 _Item = dict[str, Any] | _DecodeFailed
@@ -359,7 +360,7 @@ class VideoStreamConsumer(SessionConsumer):
         if not usable:
             await self._send_turn(turn, protocol.error("No frames buffered"))
             return
-        selected = [usable[i] for i in frames.sample_indices(len(usable), config.num_frames)]
+        selected = [usable[i] for i in self._sample(usable, config)]
         model_selected_ms = now_ms()
         # As in the seed, frames.consumed is sent only when the client gave frames ids to follow.
         with_ids = any(f.meta.get("frame_id") for f in turn.snapshot)
@@ -406,15 +407,40 @@ class VideoStreamConsumer(SessionConsumer):
                     turn.text.append(chunk["delta"])
                     if "text" in turn.modalities and chunk["delta"]:
                         await self._send_turn(turn, protocol.text_delta(chunk["delta"]))
+                elif kind == "text.end":  # the answer's text is complete; its audio may follow
+                    await self._complete_text(turn, "".join(turn.text))
                 elif kind == "audio" and "audio" in turn.modalities and chunk["pcm"]:
                     turn.audio_deltas += 1
-                    await self._send_turn(turn, protocol.audio_delta(chunk["pcm"]))
+                    await self._send_turn(turn, protocol.audio_delta(chunk["pcm"], config.event_names))
                 if self.client_stalled():
                     logger.warning("closing a video session whose client stopped reading")
                     await self.fail(
                         f"Client is not reading: over {settings.SESSION_SEND_BUFFER_MAX} bytes queued; session closed"
                     )
                     return
+
+    @staticmethod
+    def _sample(usable: list[_Frame], config: VideoSessionConfig) -> list[int]:
+        """The frames for the thinker, per ``sampling_strategy``; times are the client's ``pts_ms``
+        when every frame has one, else when the server received them."""
+        pts = [protocol.number_or_none(f.meta.get("pts_ms")) for f in usable]
+        times = (
+            [float(t) for t in pts if t is not None]
+            if all(t is not None for t in pts)
+            else [float(f.meta["receiver_received_ts_ms"]) for f in usable]
+        )
+        window = config.window_seconds or protocol.DEFAULT_WINDOW_SECONDS
+        return frames.select_frames(times, config.num_frames, config.sampling_strategy, window)
+
+    async def _complete_text(self, turn: _Turn, text: str) -> None:
+        """response.text.done, and the turn joins the history: a client may ask its next question
+        (interrupting the audio) as soon as it has the text."""
+        if turn.text_done:
+            return
+        turn.text_done = True
+        await self._send_turn(turn, protocol.text_done(text))
+        question = turn.question if turn.question.strip() else turn.transcript or ""
+        self._remember(question, text)
 
     async def _start_response(self, turn: _Turn) -> None:
         if not turn.started:
@@ -427,13 +453,12 @@ class VideoStreamConsumer(SessionConsumer):
             answer = end.get("text")
             text = answer if isinstance(answer, str) else "".join(turn.text)
             transcript = end.get("transcript", turn.transcript)
+            if isinstance(transcript, str):
+                turn.transcript = transcript
             await self._start_response(turn)
-            await self._send_turn(turn, protocol.text_done(text))
+            await self._complete_text(turn, text)
             if turn.audio_deltas:
-                await self._send_turn(turn, protocol.audio_done())
-            heard = transcript if isinstance(transcript, str) else ""
-            question = turn.question if turn.question.strip() else heard
-            self._remember(question, text)
+                await self._send_turn(turn, protocol.audio_done(self._event_names()))
         elif status == "cancelled" and turn.interrupted:
             return
         else:
@@ -450,14 +475,21 @@ class VideoStreamConsumer(SessionConsumer):
         response.audio.done when audio had started (a player waiting for the end hears it)."""
         await self._start_response(turn)
         await self._send_turn(turn, protocol.error(message))
-        await self._send_turn(turn, protocol.text_done("".join(turn.text)))
+        if not turn.text_done:  # a failed answer is not remembered
+            turn.text_done = True
+            await self._send_turn(turn, protocol.text_done("".join(turn.text)))
         if turn.audio_deltas:
-            await self._send_turn(turn, protocol.audio_done())
+            await self._send_turn(turn, protocol.audio_done(self._event_names()))
+
+    def _event_names(self) -> str:
+        return self.config.event_names if self.config is not None else "seed"
 
     def _remember(self, question: str, answer: str) -> None:
         self.history += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-        keep = 2 * max(0, settings.VIDEO_HISTORY_TURNS)
-        del self.history[: max(0, len(self.history) - keep)]
+        turns = max(0, settings.VIDEO_HISTORY_TURNS)  # the server's cap
+        if self.config is not None and self.config.max_history_turns is not None:
+            turns = min(turns, self.config.max_history_turns)
+        del self.history[: max(0, len(self.history) - 2 * turns)]
 
     async def _send_turn(self, turn: _Turn, payload: dict[str, Any]) -> None:
         """An interrupted turn sends nothing more."""

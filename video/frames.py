@@ -23,6 +23,7 @@ from __future__ import annotations
 import binascii
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -216,3 +217,20 @@ def sample_indices(count: int, num_frames: int) -> list[int]:
         return list(range(count))
     stride = max(1, count // num_frames)
     return [i * stride for i in range(num_frames - 1)] + [count - 1]
+
+
+def select_frames(times_ms: Sequence[float], num_frames: int, strategy: str, window_seconds: float) -> list[int]:
+    """Which buffered frames (oldest first, their times in ms) the thinker sees, per ``sampling_strategy``.
+
+    ``uniform``: the even stride plus the newest (``sample_indices``); ``latest_frames``: the newest
+    ``num_frames``; ``latest_seconds``: the frames of the last ``window_seconds`` before the newest,
+    sampled as ``uniform`` when there are more than ``num_frames``.
+    """
+    count = len(times_ms)
+    if strategy == "latest_frames":
+        return list(range(max(0, count - num_frames), count))
+    if strategy == "latest_seconds" and count:
+        start = times_ms[-1] - window_seconds * 1000.0
+        recent = [i for i, t in enumerate(times_ms) if t >= start]
+        return [recent[i] for i in sample_indices(len(recent), num_frames)]
+    return sample_indices(count, num_frames)

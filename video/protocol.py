@@ -11,7 +11,7 @@ import binascii
 import io
 import json
 import wave
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -29,6 +29,12 @@ MODALITIES = ("text", "audio")
 # The similarity filter's default; see video/frames.py for what it means in pixels and why it is
 # not the seed's 0.95 (which keeps only cuts to another scene).
 DEFAULT_FRAME_FILTER_THRESHOLD = 0.9996
+DEFAULT_WINDOW_SECONDS = 2.0  # sampling_strategy "latest_seconds" without window_seconds
+# The audio events' names: seed 002's, or OpenAI's GA names that newer upstream clients expect.
+AUDIO_EVENTS = {
+    "seed": ("response.audio.delta", "response.audio.done"),
+    "ga": ("response.output_audio.delta", "response.output_audio.done"),
+}
 
 
 class VideoSessionConfig(BaseModel):
@@ -51,6 +57,11 @@ class VideoSessionConfig(BaseModel):
         validation_alias=AliasChoices("frame_filter_threshold", "evs_threshold"),
     )
     voice: str | None = None  # ours: the spoken answer's voice (default: the server's)
+    # Newer upstream's fields: audio event names, per-session history length, frame sampling.
+    event_names: Literal["seed", "ga"] = "seed"
+    max_history_turns: int | None = Field(default=None, ge=1)  # the server's setting caps it
+    sampling_strategy: Literal["uniform", "latest_frames", "latest_seconds"] = "uniform"
+    window_seconds: float | None = Field(default=None, gt=0.0, le=3600.0)  # for "latest_seconds"
 
     @field_validator("modalities")
     @classmethod
@@ -194,12 +205,12 @@ def text_done(text: str) -> dict[str, Any]:
     return {"type": "response.text.done", "text": text}
 
 
-def audio_delta(pcm: bytes) -> dict[str, Any]:
-    return {"type": "response.audio.delta", "data": pcm_to_wav_b64(pcm), "format": "wav"}
+def audio_delta(pcm: bytes, event_names: str = "seed") -> dict[str, Any]:
+    return {"type": AUDIO_EVENTS[event_names][0], "data": pcm_to_wav_b64(pcm), "format": "wav"}
 
 
-def audio_done() -> dict[str, Any]:
-    return {"type": "response.audio.done"}
+def audio_done(event_names: str = "seed") -> dict[str, Any]:
+    return {"type": AUDIO_EVENTS[event_names][1]}
 
 
 def session_done() -> dict[str, Any]:

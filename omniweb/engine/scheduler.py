@@ -82,6 +82,8 @@ class _Job:
         """When an emitting step may run if the stream is paced ``max_ahead`` seconds ahead of its listener."""
         if max_ahead <= 0 or not plan.emits or self.first_media_at is None or self.batch:
             return None
+        if self.request.get("paced") is False:  # nobody listens while it is made (e.g. one file per flush)
+            return None
         return self.first_media_at + self.media_seconds - max_ahead
 
     def busy(self) -> bool:

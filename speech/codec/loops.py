@@ -436,4 +436,4 @@ class CodecPipeline:
         validate_voice(request, self.talker)
 
     def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"total_sentences": finals[0]["total_sentences"]}
+        return {"total_sentences": finals[0]["total_sentences"], "rng_state": finals[0]["rng_state"]}

@@ -13,6 +13,7 @@ so each sentence is spoken while the next is still being written.
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +52,26 @@ def rng_for(seed: int | None) -> np.random.Generator:
     return np.random.default_rng(None if seed is None else seed % 2**64)
 
 
+def rng_state(rng: np.random.Generator) -> str:
+    """The generator's position as a JSON string (plain data, so it can cross to another worker)."""
+    return json.dumps(rng.bit_generator.state)
+
+
+def resume_rng(seed: int | None, state: str | None) -> np.random.Generator:
+    """The seeded generator, moved to ``state`` when a request continues an earlier one's noise.
+
+    The transport splits one utterance into several requests when it speaks before the flush; passing
+    the state on keeps the noise (and so the audio) identical to speaking the utterance in one request.
+    """
+    rng = rng_for(seed)
+    if state is not None:
+        try:
+            rng.bit_generator.state = json.loads(state)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ValueError("rng_state is not a state of this generator") from exc
+    return rng
+
+
 def to_pcm16(samples: np.ndarray) -> bytes:
     """Float waveform → little-endian 16-bit PCM, the same conversion hibari's write_wav uses."""
     return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
@@ -63,6 +84,7 @@ class TalkerState:
     speed: float
     rng: np.random.Generator
     max_frames: int | None
+    frames_left: int | None  # max_frames_scope "request": what the request's cap leaves
     timestamps: bool
     slots: dict[str, Any]
     next_index: int = 0
@@ -92,8 +114,9 @@ class TalkerLoop:
             sentences=sentences,
             voice=request.get("voice") or self._talker.caps.default_voice,
             speed=float(request.get("speed") or 1.0),
-            rng=rng_for(request.get("seed")),
+            rng=resume_rng(request.get("seed"), request.get("rng_state")),
             max_frames=request.get("max_frames"),
+            frames_left=request.get("max_frames") if request.get("max_frames_scope") == "request" else None,
             timestamps=bool(request.get("timestamps")),
             slots=slots,
         )
@@ -107,14 +130,19 @@ class TalkerLoop:
                 return WAITING  # the upstream loop is still writing
             state.slots[TALKER_DONE] = True  # input ended after our last step: release the vocoder
             return DONE
+        if state.frames_left == 0 and self._input_done(state):  # the request's cap is spent
+            state.next_index = len(state.sentences)
+            state.slots[TALKER_DONE] = True
+            return DONE
         if len(state.slots[SENTENCES]) >= self._lookahead:
             return WAITING
         text = state.sentences[state.next_index]
         index = state.spoken
+        cap = state.max_frames if state.frames_left is None else state.frames_left
 
         def run() -> StepResult:
             out = self._talker.talk(
-                state.voice, index, text, state.speed, state.rng, state.max_frames, state.timestamps, self._vocode
+                state.voice, index, text, state.speed, state.rng, cap, state.timestamps, self._vocode
             )
             return StepResult(output=out)
 
@@ -134,11 +162,13 @@ class TalkerLoop:
             state.slots[SENTENCES].append(sentence)
             state.spoken += 1
             state.synthesized_seconds += FRAME_SECONDS * sentence.n_frames
+        if state.frames_left is not None:
+            state.frames_left = max(0, state.frames_left - sentence.n_frames)
         if state.next_index >= len(state.sentences) and self._input_done(state):
             state.slots[TALKER_DONE] = True
 
     def finalize(self, state: TalkerState) -> dict[str, Any]:
-        return {"total_sentences": state.spoken}
+        return {"total_sentences": state.spoken, "rng_state": rng_state(state.rng)}
 
 
 @dataclass
@@ -300,10 +330,21 @@ def validate_voice(request: dict[str, Any], talker: HibariTalker) -> None:
     speed = float(request.get("speed") or 1.0)
     if not 0.25 <= speed <= 4.0:
         raise ValueError("speed must be between 0.25 and 4.0")
+    state = request.get("rng_state")
+    if state is not None:
+        if not isinstance(state, str):
+            raise ValueError("rng_state must be a string")
+        resume_rng(request.get("seed"), state)
 
 
 class TtsPipeline:
-    """talker → vocoder for ``{"pipeline": "speech.tts", "text": ..., ...}`` requests."""
+    """talker → vocoder for ``{"pipeline": "speech.tts", "text": ..., ...}`` requests.
+
+    Besides the text and voice settings a request may carry ``rng_state`` (the ``end`` chunk's, to
+    continue an earlier request's seeded noise) and ``max_frames_scope: "request"`` (``max_frames``
+    caps the whole request instead of each sentence). ``paced: False`` (read by the scheduler) makes
+    the audio as fast as it can, for a file nobody hears until it is whole.
+    """
 
     name = PIPELINE
 
@@ -320,4 +361,4 @@ class TtsPipeline:
         validate_voice(request, self.talker)
 
     def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"total_sentences": finals[0]["total_sentences"]}
+        return {"total_sentences": finals[0]["total_sentences"], "rng_state": finals[0]["rng_state"]}

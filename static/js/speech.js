@@ -112,7 +112,10 @@ function syncOptions() {
 /** The session.config for the current options, as canonical JSON (equal text: same config). */
 function configJson() {
   const mode = ui.mode.value;
-  const config = { type: "session.config", voice: ui.voice.value };
+  // A paragraph (and a file) per sentence. Typing live, the text must wait for Speak, and with
+  // "sentence" the server would speak each sentence as soon as it is typed: so "none" there.
+  const split = ui.live.checked ? "none" : "sentence";
+  const config = { type: "session.config", voice: ui.voice.value, split_granularity: split };
   if (mode === "stream") {
     Object.assign(config, { response_format: "pcm", stream_audio: true, word_timestamps: ui.timestamps.checked });
   } else if (mode === "codec") {

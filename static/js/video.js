@@ -74,6 +74,7 @@ let awaitingStart = false; // a new question was sent: drop the old answer's lat
 let turn = 0;
 let lastPingAt = 0;
 let sessionModalities = null; // what the open session was configured with (JSON text)
+let speaksAnswers = false; // the session's modalities include audio
 let replaying = null; // the turn whose answer is being played again
 const recentFrames = []; // the last RESEND_FRAMES video.frame messages sent
 const ackLatencies = [];
@@ -85,6 +86,7 @@ function wantedModalities() {
 const connection = new Connection("/v1/video/chat/stream", {
   onOpen() {
     sessionModalities = wantedModalities();
+    speaksAnswers = JSON.parse(sessionModalities).includes("audio");
     connection.send({ type: "session.config", modalities: JSON.parse(sessionModalities) });
     // A new session starts with an empty frame buffer: give it the latest frames at once.
     for (const frame of recentFrames) {
@@ -500,9 +502,10 @@ function onMessage(msg) {
       if (awaitingStart || !question || question.done) break;
       question.text = msg.text;
       question.answerText.textContent = msg.text;
-      // Every audio delta comes before text.done: with none, the answer is complete; otherwise it
-      // is once the player has played it out (onPlayerStats).
-      if (!question.audioStarted) completeAnswer();
+      // The text is done as soon as it is written; its audio may still come. Without audio the
+      // answer is complete; with audio, once the player has played it out (onPlayerStats).
+      question.textDone = true;
+      if (!question.audioStarted && (!speaksAnswers || question.failed)) completeAnswer();
       break;
     case "response.audio.delta":
       if (awaitingStart || !question || question.done) break;
@@ -511,6 +514,7 @@ function onMessage(msg) {
     case "response.audio.done":
       if (awaitingStart || !question) break;
       player?.end();
+      if (!question.done && !question.audioStarted) completeAnswer();
       break;
     case "pong":
       if (lastPingAt) showMs(ui.rtt, nowMs() - lastPingAt);
@@ -522,7 +526,8 @@ function onMessage(msg) {
       showError(ui.error, describeServerError(msg));
       if (question && !question.done && !/^(Frame|Invalid image)/.test(msg.message)) {
         question.failed = true;
-        if (awaitingStart) completeAnswer(); // refused before it started: nothing else follows
+        // refused before it started, or failed before any audio: nothing else follows
+        if (awaitingStart || (question.textDone && !question.audioStarted)) completeAnswer();
       }
       break;
     default:

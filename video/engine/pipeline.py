@@ -8,12 +8,14 @@ Request (built by the video transport; plain JSON values and bytes, so it also t
      "modalities": ["text", "audio"], "voice": str | None, "model": str | None}
 
 Chunks, in order per kind: ``{"type": "transcript", "text"}`` (only when the question came from the
-audio, before any text); ``{"type": "text", "delta"}``; when "audio" is in the modalities the TTS
-loops' ``sentence.start`` / ``audio`` (PCM16 24 kHz) / ``sentence.end``, each sentence spoken as soon
-as the thinker has completed it; then the scheduler's ``end``. On success ``end`` carries ``text``
-(the whole answer) and ``transcript`` (when there was one). When the thinker fails in a way the
-client may hear about (the upstream server refused, timed out, sent garbage), ``end`` has
-``status: "error"`` and a client-safe ``message`` of ours, plus the ``text`` streamed so far.
+audio, before any text); ``{"type": "text", "delta"}``; ``{"type": "text.end"}`` once the answer's
+text is complete (not after a thinker failure), so it can be shown before its audio ends; when
+"audio" is in the modalities the TTS loops' ``sentence.start`` / ``audio`` (PCM16 24 kHz) /
+``sentence.end``, each sentence spoken as soon as the thinker has completed it; then the
+scheduler's ``end``. On success ``end`` carries ``text`` (the whole answer) and ``transcript``
+(when there was one). When the thinker fails in a way the client may hear about (the upstream
+server refused, timed out, sent garbage), ``end`` has ``status: "error"`` and a client-safe
+``message`` of ours, plus the ``text`` streamed so far.
 
 The thinker loop's first step transcribes the audio when the question is empty; then each step
 asks the thinker for its next deltas and hands every completed sentence to the talker (the
@@ -99,7 +101,7 @@ class ThinkerLoop:
             if t.done:
                 chunks.append({"type": "transcript", "text": t.text})
                 if not t.text:  # nothing to answer: say so instead of asking the thinker
-                    chunks.append({"type": "text", "delta": NOTHING_HEARD})
+                    chunks += [{"type": "text", "delta": NOTHING_HEARD}, {"type": "text.end"}]
             return StepResult(output=t, chunks=chunks)
 
         return WorkPlan(
@@ -133,6 +135,8 @@ class ThinkerLoop:
                 current.close()
                 return StepResult(output=_Thought([], True, started, str(exc)))
             chunks = [{"type": "text", "delta": d} for d in deltas]
+            if current.done:
+                chunks.append({"type": "text.end"})
             return StepResult(output=_Thought(deltas, current.done, started), chunks=chunks)
 
         return WorkPlan(

@@ -39,6 +39,12 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=None)
         parser.add_argument("--speed", type=float, default=1.0, help="0.25-4.0 (not streamed when != 1)")
         parser.add_argument(
+            "--split",
+            choices=["sentence", "clause", "none"],
+            default="sentence",
+            help="split_granularity: each sentence (or clause) is its own audio.start; none: the text as one",
+        )
+        parser.add_argument(
             "--codec", action="store_true", help="receive codec tokens and decode them locally (about 24x fewer bytes)"
         )
         parser.add_argument(
@@ -84,7 +90,7 @@ class Command(BaseCommand):
 
     @staticmethod
     def _session_config(opts: dict[str, Any], **fields: Any) -> dict[str, Any]:
-        config: dict[str, Any] = {"type": "session.config", **fields}
+        config: dict[str, Any] = {"type": "session.config", "split_granularity": opts["split"], **fields}
         if not opts["realtime"]:
             config["priority"] = "batch"
         for key in ("voice", "seed", "speed"):
