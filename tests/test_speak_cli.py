@@ -60,7 +60,7 @@ def test_unreachable_server_is_one_line(tmp_path):
 def test_writing_a_file_asks_for_batch_priority_unless_realtime():
     from speech.management.commands.speak import Command
 
-    opts = {"voice": None, "seed": None, "speed": 1.0, "realtime": False}
+    opts = {"voice": None, "seed": None, "speed": 1.0, "realtime": False, "split": "sentence"}
     assert Command._session_config(opts)["priority"] == "batch"
     assert "priority" not in Command._session_config({**opts, "realtime": True})
 
