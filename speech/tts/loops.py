@@ -26,7 +26,6 @@ from omniweb.engine.contracts import (
     DONE,
     WAITING,
     Done,
-    ResourceEstimate,
     ShapeSignature,
     StepResult,
     Waiting,
@@ -121,7 +120,6 @@ class TalkerLoop:
         return WorkPlan(
             kind="talker",
             shape=ShapeSignature("talker"),
-            estimate=ResourceEstimate(compute_seconds=2e-4 * len(text), resident_bytes=12_000 * len(text)),
             run=run,
             label=f"talker.sentence{state.next_index}",
             due=max(0.0, state.synthesized_seconds - TALKER_LEAD_SECONDS),
@@ -211,7 +209,6 @@ class VocoderLoop:
         plan = WorkPlan(
             kind="vocoder",
             shape=ShapeSignature("vocoder", (stop - start,)),
-            estimate=ResourceEstimate(compute_seconds=4e-5 * (stop - start), resident_bytes=0),
             run=lambda: _results([chunk])[0],
             emits=("audio",),
             payload=chunk,

@@ -28,7 +28,7 @@ from typing import Any
 
 from django.conf import settings
 
-from omniweb.engine.contracts import DONE, Done, ResourceEstimate, ShapeSignature, StepResult, Waiting, WorkPlan
+from omniweb.engine.contracts import DONE, Done, ShapeSignature, StepResult, Waiting, WorkPlan
 from speech.tts.loops import TEXT_IN, TEXT_IN_DONE, TalkerLoop, VocoderLoop, validate_voice, vocoder_backend
 from speech.tts.model import HibariTalker
 from video.asr import Transcriber, Transcription
@@ -105,7 +105,6 @@ class ThinkerLoop:
         return WorkPlan(
             kind="asr",
             shape=ShapeSignature("asr"),
-            estimate=ResourceEstimate(compute_seconds=0.05 + len(audio) / 32_000 * 0.1),
             run=run,
             label="thinker.asr",
         )
@@ -138,7 +137,6 @@ class ThinkerLoop:
         return WorkPlan(
             kind="thinker",
             shape=ShapeSignature(f"thinker.{thinker.name}"),
-            estimate=ResourceEstimate(compute_seconds=0.01),
             run=run,
             label="thinker.step",
         )
