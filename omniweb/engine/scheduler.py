@@ -235,14 +235,18 @@ class Scheduler:
                 continue
             try:
                 nxt = e.loop.next(e.state)
-                if isinstance(nxt, WaitFor):
+                while isinstance(nxt, WaitFor):
                     e.io_wait = True
                     nxt.subscribe(self._waker(job, e))  # may wake at once (the lock is reentrant)
-                    continue
+                    if e.io_wait:
+                        break
+                    nxt = e.loop.next(e.state)  # woken at once: its input is already there
             except Exception as exc:
                 logger.exception("next() failed for request %s", job.request_id)
                 self._fail(job, kind_of(exc))
                 return False
+            if isinstance(nxt, WaitFor):
+                continue
             if nxt is DONE:
                 e.done = True
             elif nxt is WAITING:
