@@ -54,8 +54,8 @@ def engine_end(kind: ErrorKind, message: str, **fields: Any) -> dict[str, Any]:
 
 
 def end_kind(chunk: dict[str, Any]) -> ErrorKind:
-    """The kind of a failed ``end`` chunk (one from an engine that sent none: engine failure)."""
+    """The kind of a failed ``end`` chunk; one from an older engine that sent none, by its status."""
     try:
         return ErrorKind(chunk.get("kind"))
     except ValueError:
-        return ErrorKind.ENGINE
+        return {"busy": ErrorKind.CAPACITY, "invalid": ErrorKind.CLIENT}.get(chunk.get("status"), ErrorKind.ENGINE)

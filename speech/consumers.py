@@ -25,6 +25,7 @@ from django.conf import settings
 from omniweb import metrics  # ops instrumentation: time to first audio
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
+from omniweb.errors import ErrorKind, end_kind
 from omniweb.sessions import SessionClock, SessionConsumer
 
 from . import protocol
@@ -259,14 +260,15 @@ class SpeechStreamConsumer(SessionConsumer):
                         # Leaving the loop closes the engine stream, which aborts the request.
                         await self.fail(
                             f"Client is not reading: over {settings.SESSION_SEND_BUFFER_MAX} bytes queued; "
-                            "session closed"
+                            "session closed",
+                            ErrorKind.STALLED,
                         )
                         break
         except asyncio.CancelledError:
             raise
         except Exception:
             logger.exception("utterance %d failed", utt.index)
-            await self._end_utterance(utt, config, failed=True)
+            await self._end_utterance(utt, config, failed=True, kind=ErrorKind.ENGINE)
         self.utterance = None
         self.utterance_index += 1
         if self.state is SessionState.CLOSED:
@@ -317,11 +319,13 @@ class SpeechStreamConsumer(SessionConsumer):
             elif status == "cancelled" and utt.cancelled:
                 await self._end_utterance(utt, config, cancelled=True)
             elif status == "busy":
-                await self.send_json(protocol.error(chunk["message"]))
+                await self.send_json(protocol.error(chunk["message"], kind=end_kind(chunk)))
                 await self.send_json(protocol.session_done(utt.index, 0))
             else:
-                logger.warning("utterance %d ended with %s: %s", utt.index, status, chunk.get("message"))
-                await self._end_utterance(utt, config, failed=True)
+                logger.warning(
+                    "utterance %d ended with %s (%s): %s", utt.index, status, chunk.get("kind"), chunk.get("message")
+                )
+                await self._end_utterance(utt, config, failed=True, kind=end_kind(chunk))
 
     async def _on_audio(self, utt: _Utterance, sentence: _Sentence, config: SessionConfig, pcm: bytes) -> None:
         if not config.stream_audio:
@@ -381,7 +385,14 @@ class SpeechStreamConsumer(SessionConsumer):
         )
 
     async def _end_codec_utterance(
-        self, utt: _Utterance, codec: dict[str, Any], config: SessionConfig, *, failed: bool, cancelled: bool
+        self,
+        utt: _Utterance,
+        codec: dict[str, Any],
+        config: SessionConfig,
+        *,
+        failed: bool,
+        cancelled: bool,
+        kind: ErrorKind = ErrorKind.ENGINE,
     ) -> None:
         """As ``_end_utterance`` for codec streams: a stream that did not fail ends with an EOS
         packet (an empty one when its last packet had not gone out), then codec.done."""
@@ -394,6 +405,7 @@ class SpeechStreamConsumer(SessionConsumer):
                 protocol.error(
                     f"Codec stream failed for utterance {utt.index}, sentence {sentence.index}",
                     partial_audio=sentence.frames > 0,
+                    kind=kind,
                 )
             )
         elif not sentence.eos_sent:
@@ -410,7 +422,13 @@ class SpeechStreamConsumer(SessionConsumer):
         await self.send_json(protocol.session_done(utt.index, utt.sentences))
 
     async def _end_utterance(
-        self, utt: _Utterance, config: SessionConfig, *, failed: bool = False, cancelled: bool = False
+        self,
+        utt: _Utterance,
+        config: SessionConfig,
+        *,
+        failed: bool = False,
+        cancelled: bool = False,
+        kind: ErrorKind = ErrorKind.ENGINE,
     ) -> None:
         """Close the open sentence with audio.done, then the utterance.
 
@@ -418,7 +436,7 @@ class SpeechStreamConsumer(SessionConsumer):
         ``audio.done`` with ``error``/``cancelled`` and every ``audio.done`` has its ``audio.start``.
         """
         if utt.codec is not None:
-            await self._end_codec_utterance(utt, utt.codec, config, failed=failed, cancelled=cancelled)
+            await self._end_codec_utterance(utt, utt.codec, config, failed=failed, cancelled=cancelled, kind=kind)
             return
         sentence = utt.current
         if sentence is None:
@@ -429,6 +447,7 @@ class SpeechStreamConsumer(SessionConsumer):
                 protocol.error(
                     f"Generation failed for utterance {utt.index}, sentence {sentence.index}",
                     partial_audio=sentence.sent_bytes > 0,
+                    kind=kind,
                 )
             )
         await self.send_json(
@@ -439,8 +458,8 @@ class SpeechStreamConsumer(SessionConsumer):
         await self.send_json(protocol.session_done(utt.index, utt.sentences))
 
     # -- errors and timeouts -----------------------------------------------------------------------
-    async def fail(self, message: str) -> None:
-        await self.send_json(protocol.error(message))
+    async def fail(self, message: str, kind: ErrorKind = ErrorKind.CLIENT) -> None:
+        await self.send_json(protocol.error(message, kind=kind))
         self.state = SessionState.CLOSED
         task = self.generation
         if task is not None and not task.done() and task is not asyncio.current_task():
@@ -449,7 +468,8 @@ class SpeechStreamConsumer(SessionConsumer):
 
     async def on_timeout(self, awaiting_config: bool) -> None:
         await self.fail(
-            "Timeout waiting for session.config" if awaiting_config else "Idle timeout: no message received"
+            "Timeout waiting for session.config" if awaiting_config else "Idle timeout: no message received",
+            ErrorKind.TIMEOUT,
         )
 
 

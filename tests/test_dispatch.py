@@ -269,7 +269,9 @@ async def test_full_worker_channel_is_a_clear_busy_error(stack):
     client = client_for(stack, channel_capacity={"omniweb-engine": 0})
     log: list[tuple[float, dict[str, Any]]] = []
     await collect(client, request("Never sent."), log)
-    assert [c for _, c in log] == [{"type": "end", "status": "busy", "message": "server is at capacity; retry shortly"}]
+    assert [c for _, c in log] == [
+        {"type": "end", "status": "busy", "kind": "capacity", "message": "server is at capacity; retry shortly"}
+    ]
 
 
 async def test_requests_over_the_message_limit_are_refused_not_sent(stack):

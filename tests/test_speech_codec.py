@@ -485,7 +485,12 @@ async def test_a_failing_stream_reports_the_error_without_eos(faulty_engine, fai
     assert s.start["sentence_index"] == 0 and s.start["sentence_text"] == (FOX if sent else "")
     partial = {"partial_audio": True, "action": "discard"} if sent else {}
     assert t.of_type("error") == [
-        {"type": "error", "message": "Codec stream failed for utterance 0, sentence 0", **partial}
+        {
+            "type": "error",
+            "message": "Codec stream failed for utterance 0, sentence 0",
+            "kind": "engine_failure",
+            **partial,
+        }
     ]
     assert s.done == {
         "type": "codec.done",
