@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import websockets.exceptions
 from websockets.asyncio.client import ClientConnection, connect
 
 REPO = Path(__file__).resolve().parent.parent
@@ -628,12 +629,20 @@ async def run_burst(args: argparse.Namespace) -> int:
     try:
         if server is not None:
             await server.wait_accepting()
-        async with ws_connect(url) as ws:  # waits for the server's engine preload
-            await ws.send(config_msg())
-            warm = await ws_utterance(ws, BURST_TEXT)
-            if warm.errors or warm.t_first is None:
-                raise RuntimeError(f"warm-up utterance failed: {warm.errors}")
-            await ws.send(CLOSE_MSG)
+        deadline = perf() + 180
+        while True:  # daphne drops a handshake after 5 s: retry while the engine preloads
+            try:
+                async with ws_connect(url) as ws:
+                    await ws.send(config_msg())
+                    warm = await ws_utterance(ws, BURST_TEXT)
+                    await ws.send(CLOSE_MSG)
+                break
+            except (OSError, websockets.exceptions.WebSocketException):
+                if perf() > deadline:
+                    raise
+                await asyncio.sleep(1.0)
+        if warm.errors or warm.t_first is None:
+            raise RuntimeError(f"warm-up utterance failed: {warm.errors}")
         load_before = load_average()
         unit_before = await asyncio.to_thread(floor_unit_seconds, BURST_TEXT)
         for r in range(rounds):
