@@ -22,6 +22,7 @@ import numpy as np
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from omniweb.devices import torch_device
 from omniweb.engine.contracts import (
     DONE,
     WAITING,
@@ -278,15 +279,15 @@ def vocoder_backend() -> SpectralBackend | None:
 
     On the CPU numpy is both faster than torch here and bit-identical to hibari (bench/batching.py).
     """
-    device = settings.DEVICE.lower()
-    if not device.startswith("cuda"):
+    device = torch_device("vocoder")  # OMNIWEB_VOCODER_DEVICE, else OMNIWEB_DEVICE
+    if device == "cpu":
         return None
     from .vocoder_torch import TorchBackend
 
     try:
         return TorchBackend(device)
     except ValueError as exc:
-        raise ImproperlyConfigured(f"OMNIWEB_DEVICE={settings.DEVICE!r}: {exc}") from exc
+        raise ImproperlyConfigured(f"vocoder device {device!r}: {exc}") from exc
 
 
 def validate_voice(request: dict[str, Any], talker: HibariTalker) -> None:

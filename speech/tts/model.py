@@ -17,6 +17,7 @@ import numpy as np
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from omniweb.devices import device_for
 from speech.protocol import Capabilities, available_formats
 from speech.text import align_words, model_text
 
@@ -74,20 +75,19 @@ def capabilities() -> Capabilities:
     )
 
 
-def _providers() -> list[str]:
+def _providers() -> list[str | tuple[str, dict[str, str]]]:
+    """onnxruntime providers for the talker's device (``OMNIWEB_TTS_DEVICE``, else ``OMNIWEB_DEVICE``)."""
     import onnxruntime as ort
 
-    device = settings.DEVICE.lower()
-    if device == "cpu":
+    kind, index = device_for("tts")
+    if kind == "cpu":
         return ["CPUExecutionProvider"]
-    if device.startswith("cuda"):
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise ImproperlyConfigured(
-                "OMNIWEB_DEVICE=cuda but this onnxruntime build has no CUDA provider "
-                "(install onnxruntime-gpu on GPU hosts)"
-            )
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    raise ImproperlyConfigured(f"OMNIWEB_DEVICE must be 'cpu' or 'cuda', not {settings.DEVICE!r}")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise ImproperlyConfigured(
+            "the talker's device is cuda but this onnxruntime build has no CUDA provider "
+            "(install requirements-gpu.txt, with onnxruntime-gpu, on GPU hosts)"
+        )
+    return [("CUDAExecutionProvider", {"device_id": str(index)}), "CPUExecutionProvider"]
 
 
 class HibariTalker:
