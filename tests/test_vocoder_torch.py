@@ -189,3 +189,18 @@ def test_numpy_path_does_not_import_torch() -> None:
 
     code = "import sys, speech.tts.vocoder; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_streams_keep_their_state_on_the_device_until_done(
+    outputs: list[tuple[np.ndarray, ...]], backend: TorchBackend
+) -> None:
+    """A segment goes to the device once, at its first chunk; its state is freed with its last."""
+    streams = [VocoderStream(make_frames(a, seed)) for seed, a in enumerate(outputs)]
+    run_chunks_batched([(s, *s.plan(6)) for s in streams], backend)
+    states = [s.device_state for s in streams]
+    assert all(st is not None and st.lh.device == backend.device for st in states)
+    run_chunks_batched([(s, *s.plan(16)) for s in streams], backend)
+    assert all(s.device_state is st for s, st in zip(streams, states, strict=True))  # kept, not uploaded again
+    while not all(s.done for s in streams):
+        run_chunks_batched([(s, *s.plan(16)) for s in streams if not s.done], backend)
+    assert all(s.device_state is None for s in streams)

@@ -98,6 +98,7 @@ class VocoderStream:
         self.frames = AcousticFrames(**{k: v.T for k, v in self._rows.items()}, f0=frames.f0)
         self._n = frames.n_frames
         self._next = 0
+        self.device_state: object = None  # a device backend's copy of this segment (vocoder_torch)
         # windowed frames [max(0, next-3), next): what a later chunk still adds to
         self._tail = np.zeros((0, _K, HOP), np.float32)
         if self._n:
@@ -287,6 +288,9 @@ def run_chunks_batched(
             raise ValueError("a stream may appear only once per batch")
         seen.add(id(s))
         s._check(a, b)
+    run_batch = getattr(backend, "run_batch", None)
+    if run_batch is not None:  # a device backend that keeps the streams' state on its device
+        return run_batch(items)
     work = [(s, a, b) for s, a, b in items if b > a]
     frames = _spectral(work, backend or NUMPY_BACKEND) if work else np.zeros((0, dsp.N_FFT), np.float32)
     out: list[np.ndarray] = []
