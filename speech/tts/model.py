@@ -87,6 +87,8 @@ def _providers() -> list[str | tuple[str, dict[str, str]]]:
             "the talker's device is cuda but this onnxruntime build has no CUDA provider "
             "(install requirements-gpu.txt, with onnxruntime-gpu, on GPU hosts)"
         )
+    if hasattr(ort, "preload_dlls"):  # the CUDA/cuDNN libraries from the nvidia-* wheels, before a session
+        ort.preload_dlls()
     return [("CUDAExecutionProvider", {"device_id": str(index)}), "CPUExecutionProvider"]
 
 
