@@ -26,6 +26,8 @@ class CountState:
     delay: float
     fail_at: int | None
     fail_kind: ErrorKind | None = None
+    shape: int = 1
+    tag: str = ""
     done: int = 0
     batch_sizes: list[int] = field(default_factory=list)
 
@@ -39,9 +41,15 @@ class CountLoop:
         self.batch_sizes: list[int] = []
         self.lock = threading.Lock()
         self.released: list[int] = []  # steps done by each request released without finalize
+        self.ran: list[str] = []  # request tags in the order their steps ran
 
     def init(self, request: dict[str, Any], slots: dict[str, Any]) -> CountState:
-        return CountState(request["steps"], request.get("delay", 0.0), request.get("fail_at"), request.get("fail_kind"))
+        state = CountState(
+            request["steps"], request.get("delay", 0.0), request.get("fail_at"), request.get("fail_kind")
+        )
+        state.shape = request.get("shape", 1)
+        state.tag = request.get("tag", "")
+        return state
 
     def next(self, state: CountState) -> WorkPlan | Any:
         if state.done >= state.steps:
@@ -52,6 +60,8 @@ class CountLoop:
 
         def run() -> StepResult:
             time.sleep(state.delay)
+            with self.lock:
+                self.ran.append(state.tag)
             if state.fail_at == i:
                 if state.fail_kind is not None:
                     raise EngineError(state.fail_kind, "secret internal detail", client_message="upstream said no")
@@ -65,7 +75,7 @@ class CountLoop:
 
         return WorkPlan(
             kind="count",
-            shape=ShapeSignature("count", (1,)),
+            shape=ShapeSignature("count", (state.shape,)),
             run=run,
             emits=("ticks",),
             batch_run=batch_run,
@@ -516,3 +526,20 @@ def test_an_aborted_request_waiting_on_io_ignores_a_late_wake_up():
         wait_idle(sched)
     finally:
         sched.stop()
+
+
+def test_a_batch_never_carries_work_less_urgent_than_other_work_waiting(make_scheduler):
+    """Batching is free on a GPU but not on a CPU: a batch takes only the equal-shape plans that
+    are more urgent than the most urgent plan of another shape, so it cannot push that one back."""
+    sched, pipeline = make_scheduler(workers=1, max_batch=8)
+    blocker = Collector()
+    sched.submit("slow", {"pipeline": "count", "steps": 1, "delay": 0.2, "tag": "slow"}, blocker)
+    time.sleep(0.05)
+    sinks = [Collector() for _ in range(4)]
+    for i, (shape, tag) in enumerate([(1, "a"), (1, "b"), (2, "c"), (1, "d")]):
+        sched.submit(f"r{i}", {"pipeline": "count", "steps": 1, "shape": shape, "tag": tag}, sinks[i])
+    for sink in sinks:
+        assert sink.ended.wait(5)
+    loop = pipeline.loops[0]
+    assert loop.ran == ["slow", "a", "b", "c", "d"]  # "d" did not ride along with "a" and "b"
+    assert loop.batch_sizes == [2]

@@ -304,8 +304,11 @@ class Scheduler:
             for _, other_job, other in ready[1:]:  # most urgent first
                 if len(batch) >= self._max_batch:
                     break
-                if other.plan is not None and other.plan.shape == plan.shape:
-                    batch.append((other_job, other))
+                if other.plan is None or other.plan.shape != plan.shape:
+                    # Work of another shape is more urgent than the rest: batching those would run
+                    # them ahead of it (a burst's first audio behind streams that are far ahead).
+                    break
+                batch.append((other_job, other))
         return batch
 
     def _finish_if_done(self, job: _Job) -> None:
