@@ -209,7 +209,9 @@ class VocoderLoop:
         )
         plan = WorkPlan(
             kind="vocoder",
-            shape=ShapeSignature("vocoder", (stop - start,)),
+            # Chunks of any length stack into one call (the spectral step is per frame), so all of a
+            # step's vocoder chunks share one signature: batches are not cut by a short last chunk.
+            shape=ShapeSignature("vocoder"),
             run=lambda: _results([chunk])[0],
             emits=("audio",),
             payload=chunk,
