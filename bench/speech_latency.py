@@ -671,15 +671,25 @@ async def run_burst(args: argparse.Namespace) -> int:
         f"(before {unit_before * 1000:.2f}, after {unit_after * 1000:.2f})"
     )
     print(f"- floor = {sessions} × {unit * 1000:.2f} ms / {cores} cores = {floor * 1000:.1f} ms\n")
-    print("| round | first audio p50 ms | p95 ms | max ms | p95 / floor | utterances with gaps | failures |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| round | first audio p50 ms | p95 ms | max ms | p95 / floor | utterances with gaps | failures "
+        "| wall s | server CPU s | bench CPU s |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for i, lv in enumerate(levels, 1):
         f = lv.firsts
         print(
             f"| {i} | {ms(pct(f, 50))} | {ms(pct(f, 95))} | {ms(max(f, default=math.nan))} | "
-            f"{pct(f, 95) / floor:.2f}× | {len(lv.gap_streams)} | {lv.failures} |"
+            f"{pct(f, 95) / floor:.2f}× | {len(lv.gap_streams)} | {lv.failures} | {lv.wall_s:.2f} | "
+            f"{lv.server_cpu_s:.2f} | {lv.client_cpu_s:.2f} |"
         )
-    print(f"| all | {ms(p50)} | {ms(p95)} | {ms(max(firsts, default=math.nan))} | {ratio:.2f}× | {gaps} | {failures} |")
+    wall, server_cpu, bench_cpu = (
+        sum(getattr(lv, k) for lv in levels) for k in ("wall_s", "server_cpu_s", "client_cpu_s")
+    )
+    print(
+        f"| all | {ms(p50)} | {ms(p95)} | {ms(max(firsts, default=math.nan))} | {ratio:.2f}× | {gaps} | {failures} "
+        f"| {wall:.2f} | {server_cpu:.2f} | {bench_cpu:.2f} |"
+    )
     ok = ratio <= TARGET_BURST_VS_FLOOR and not gaps and not failures
     print(
         f"\n- {verdict(ok)}: p95 first audio {ms(p95)} ms ≤ {TARGET_BURST_VS_FLOOR}× floor ({ratio:.2f}×), "
