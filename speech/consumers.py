@@ -198,7 +198,9 @@ class SpeechStreamConsumer(SessionConsumer):
             if problem is None:
                 self.start_utterance(text, config, spec if config.output_mode == "codec_tokens" else None)
                 return
-            await self.send_json(protocol.error(problem))
+            # A codec mode refused because the codec could not be loaded is the server's failure.
+            kind = ErrorKind.ENGINE if uses_codec and spec is None else ErrorKind.CLIENT
+            await self.send_json(protocol.error(problem, kind=kind))
         await self.send_json(protocol.session_done(self.utterance_index, 0))
         self.utterance_index += 1
 

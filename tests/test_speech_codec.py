@@ -521,6 +521,7 @@ async def test_codec_modes_are_refused_at_flush_when_the_table_is_bad(connect, m
     comm = await session(connect, **fields)
     t = await speak(comm, FOX)
     assert t.errors == [message]
+    assert t.of_type("error")[0]["kind"] == "engine_failure"  # the server's table, not the client's ask
     assert t.types == ["error", "session.done"]
     assert t.json[-1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 0}
     blank = await speak(comm, [])  # a blank flush has nothing to refuse
