@@ -32,6 +32,9 @@ METRIC_NAMES = {
     "omniweb_time_to_first_audio_seconds",
     "omniweb_errors",  # exposed as omniweb_errors_total
     "omniweb_worker_up",
+    "omniweb_video_first_text_seconds",
+    "omniweb_video_first_audio_seconds",
+    "omniweb_video_turn_seconds",
 }
 
 
