@@ -62,6 +62,7 @@ class TalkerState:
     voice: str
     speed: float
     rng: np.random.Generator
+    exact_noise: bool  # seeded: hibari's own noise draw, so the audio is reproducible bit for bit
     max_frames: int | None
     timestamps: bool
     slots: dict[str, Any]
@@ -93,6 +94,7 @@ class TalkerLoop:
             voice=request.get("voice") or self._talker.caps.default_voice,
             speed=float(request.get("speed") or 1.0),
             rng=rng_for(request.get("seed")),
+            exact_noise=request.get("seed") is not None,
             max_frames=request.get("max_frames"),
             timestamps=bool(request.get("timestamps")),
             slots=slots,
@@ -114,7 +116,15 @@ class TalkerLoop:
 
         def run() -> StepResult:
             out = self._talker.talk(
-                state.voice, index, text, state.speed, state.rng, state.max_frames, state.timestamps, self._vocode
+                state.voice,
+                index,
+                text,
+                state.speed,
+                state.rng,
+                state.max_frames,
+                state.timestamps,
+                self._vocode,
+                exact_noise=state.exact_noise,
             )
             return StepResult(output=out)
 

@@ -52,7 +52,8 @@ class _DeviceSegment:
     ln: torch.Tensor
     lr: torch.Tensor
     phi: torch.Tensor
-    noise: torch.Tensor  # complex64 [F, 601]
+    noise: torch.Tensor | None  # complex64 [F, 601]; None: drawn per chunk on the device (``noise_gen``)
+    noise_gen: torch.Generator | None
     windows: torch.Tensor  # [F, 1200] analysis windows: a view of the padded pulse train
     norm: torch.Tensor  # [F + 3, HOP]
     tail: torch.Tensor  # windowed frames [max(0, next - 3), next) as [n, K, HOP]
@@ -149,7 +150,8 @@ class TorchBackend:
             outs: list[torch.Tensor] = []
             if work:
                 src = torch.cat([seg.windows[a:b] for _, a, b, seg in work]).mul_(self._win_src)
-                inputs = [torch.cat([getattr(seg, k)[a:b] for _, a, b, seg in work]) for k in _ROWS]
+                inputs = [torch.cat([getattr(seg, k)[a:b] for _, a, b, seg in work]) for k in _ROWS[:-1]]
+                inputs.append(torch.cat([self._noise(seg, a, b) for _, a, b, seg in work]))
                 frames = self._frames(src, *inputs)
                 row = 0
                 for s, a, b, seg in work:
@@ -172,18 +174,32 @@ class TorchBackend:
                 s._windows = None
         return result
 
+    def _noise(self, seg: _DeviceSegment, start: int, stop: int) -> torch.Tensor:
+        """complex64 noise rows of frames [start, stop): uploaded ones, or drawn here (real and
+        imaginary parts N(0, 1) each, as numpy's draw viewed as complex64)."""
+        if seg.noise is not None:
+            return seg.noise[start:stop]
+        pairs = torch.randn((stop - start, _BINS, 2), generator=seg.noise_gen, device=self.device)
+        return torch.view_as_complex(pairs)
+
     def _segment(self, stream: VocoderStream) -> _DeviceSegment:
         """The stream's frames on the device, uploaded at its first chunk and kept on the stream."""
         seg = stream.device_state
         if isinstance(seg, _DeviceSegment):
             return seg
         dev = self.device
-        rows = {k: torch.from_numpy(stream._rows[k]).to(dev, non_blocking=True) for k in (*_ROWS[:-1], "noise")}
+        rows = {k: torch.from_numpy(stream._rows[k]).to(dev, non_blocking=True) for k in _ROWS[:-1]}
+        noise, noise_gen = None, None
+        if stream.noise_rng is None:
+            noise = torch.from_numpy(stream._rows["noise"]).to(dev, non_blocking=True)
+        else:  # unseeded: the noise is drawn on the device, seeded once from the request's generator
+            noise_gen = torch.Generator(device=dev)
+            noise_gen.manual_seed(int(stream.noise_rng.integers(2**63)))
         xp = np.pad(dsp.pulses(stream.frames.f0), dsp.N_FFT // 2, mode="reflect").astype(np.float32, copy=False)
         windows = torch.from_numpy(xp).to(dev, non_blocking=True).unfold(0, dsp.N_FFT, _HOP)
         norm = torch.from_numpy(np.ascontiguousarray(dsp._ola_norm(stream.n_frames), np.float32)).to(dev)
         tail = torch.zeros((0, _K, _HOP), dtype=torch.float32, device=dev)
-        seg = _DeviceSegment(**rows, windows=windows, norm=norm, tail=tail)
+        seg = _DeviceSegment(**rows, noise=noise, noise_gen=noise_gen, windows=windows, norm=norm, tail=tail)
         stream.device_state = seg
         return seg
 
