@@ -543,3 +543,47 @@ def test_a_batch_never_carries_work_less_urgent_than_other_work_waiting(make_sch
     loop = pipeline.loops[0]
     assert loop.ran == ["slow", "a", "b", "c", "d"]  # "d" did not ride along with "a" and "b"
     assert loop.batch_sizes == [2]
+
+
+class EagerLoop:
+    """A buggy loop: it waits for input it says is already there, forever."""
+
+    name = "eager"
+
+    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> None:
+        return None
+
+    def next(self, state: None) -> WaitFor:
+        return WaitFor(lambda wake: wake())
+
+    def advance(self, state: None, result: StepResult) -> None:
+        pass
+
+    def finalize(self, state: None) -> dict[str, Any]:
+        return {}
+
+
+class EagerPipeline:
+    name = "eager"
+    loops = (EagerLoop(),)
+
+    def validate(self, request: dict[str, Any]) -> None:
+        pass
+
+    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
+        return {}
+
+
+def test_a_loop_that_waits_for_what_it_has_fails_its_request_instead_of_spinning(caplog):
+    sched = Scheduler({"eager": EagerPipeline(), "count": CountPipeline()}, workers=1)
+    sched.start()
+    try:
+        bad, good = Collector(), Collector()
+        sched.submit("bad", {"pipeline": "eager"}, bad)
+        sched.submit("good", {"pipeline": "count", "steps": 2}, good)
+        assert bad.ended.wait(5) and good.ended.wait(5)
+        assert bad.chunks[-1]["status"] == "error" and bad.chunks[-1]["kind"] == "engine_failure"
+        assert good.chunks[-1]["status"] == "ok"
+        assert "woke at once" in caplog.text
+    finally:
+        sched.stop()

@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 Sink = Callable[[dict[str, Any]], None]
 STREAM_GUARD = 0.1  # seconds: a playing stream this close to running dry outranks any new request
+MAX_INSTANT_WAKES = 8  # a WaitFor woken at once this many times in a row without a plan is a loop bug
 
 
 class AdmissionError(RuntimeError):
@@ -235,12 +236,17 @@ class Scheduler:
                 continue
             try:
                 nxt = e.loop.next(e.state)
-                while isinstance(nxt, WaitFor):
+                for _ in range(MAX_INSTANT_WAKES):
+                    if not isinstance(nxt, WaitFor):
+                        break
                     e.io_wait = True
                     nxt.subscribe(self._waker(job, e))  # may wake at once (the lock is reentrant)
                     if e.io_wait:
                         break
                     nxt = e.loop.next(e.state)  # woken at once: its input is already there
+                else:
+                    if isinstance(nxt, WaitFor):  # a loop that waits for what it already has: a bug
+                        raise RuntimeError(f"{e.loop.name} woke at once {MAX_INSTANT_WAKES} times without work")
             except Exception as exc:
                 logger.exception("next() failed for request %s", job.request_id)
                 self._fail(job, kind_of(exc))

@@ -301,7 +301,8 @@ class UpstreamRun:
 
     def pending(self) -> bool:
         """True while a step would find nothing new: the loop should wait (``subscribe``)."""
-        return not self._done and self._error is None and self._stream.items.empty()
+        stream = self._stream
+        return not self._done and self._error is None and stream.items.empty() and not stream.closed.is_set()
 
     def subscribe(self, wake: Callable[[], None]) -> None:
         self._stream.subscribe(wake)
@@ -328,7 +329,10 @@ class UpstreamRun:
                 deltas.append(text)
                 kind, text = stream.items.get_nowait()
         except queue.Empty:
-            pass
+            if not deltas and stream.closed.is_set() and stream.items.empty():
+                # Closed with nothing left and no end (e.g. cut off as orphaned while served late).
+                self.close()
+                raise ThinkerError("The upstream model's stream ended before the answer was complete.") from None
         stream.last_poll = time.monotonic()
         return deltas
 
