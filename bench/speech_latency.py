@@ -21,11 +21,18 @@ said otherwise.
 
 and prints markdown tables plus PASS/FAIL per target. See bench/README.md.
 
+``--burst`` runs only the burst of issue #15 instead: ``--burst-sessions`` (64) sessions flush
+``BURST_TEXT`` at the same instant, ``--burst-rounds`` times; it prints the hardware floor (sessions
+× (G2P + one talker run of the first sentence, measured alone in this process with one thread) /
+cores, measured right before and right after the bursts), first audio p50/p95 over all rounds, the
+p95 / floor ratio (target ≤ 1.25) and playback gaps, all from the same run.
+
 Usage (from the repository root, venv active)::
 
     python bench/speech_latency.py                 # full run, starts its own server
     python bench/speech_latency.py --quick         # smoke run
     python bench/speech_latency.py --url ws://127.0.0.1:8000 --levels 1,8,32,64
+    python bench/speech_latency.py --burst         # the 64-session burst vs its floor only
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import websockets.exceptions
 from websockets.asyncio.client import ClientConnection, connect
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,6 +71,8 @@ TARGET_P95_FIRST_AUDIO_S = 0.300
 TARGET_LEVEL = 64
 LONG_FLUSH_SENTENCES = 40
 TOKENS_PER_SECOND = 30.0
+TARGET_BURST_VS_FLOOR = 1.25
+BURST_TEXT = "Streaming speech should never stall. Every listener hears a smooth voice."
 
 # -- texts ------------------------------------------------------------------------------------------
 SHORT_SENTENCE = "The weather is lovely today."
@@ -567,7 +577,13 @@ class Level:
 
 
 async def measure_level(
-    url: str, sessions: int, server_pid: int | None, mode: str = "burst", rounds: int = 3, para_s: float = 9.0
+    url: str,
+    sessions: int,
+    server_pid: int | None,
+    mode: str = "burst",
+    rounds: int = 3,
+    para_s: float = 9.0,
+    text: str = PARAGRAPH,
 ) -> Level:
     """``sessions`` connections, configured and holding the paragraph.
 
@@ -594,7 +610,7 @@ async def measure_level(
         try:
             async with ws_connect(url) as ws:
                 await ws.send(config_msg())
-                await ws.send(text_msg(PARAGRAPH))
+                await ws.send(text_msg(text))
                 is_ready = True
                 mark_ready()
                 await barrier.wait()
@@ -602,7 +618,7 @@ async def measure_level(
                     await asyncio.sleep(index * para_s / sessions)
                 for r in range(rounds if mode == "sustained" else 1):
                     if r:
-                        await ws.send(text_msg(PARAGRAPH))
+                        await ws.send(text_msg(text))
                     utt = Utterance()
                     await send_flush(ws, utt)
                     try:
@@ -630,6 +646,140 @@ async def measure_level(
     wall = perf() - t0
     server_cpu = process_cpu_seconds(server_pid) - cpu_server0
     return Level(mode, sessions, utts, failed, wall, server_cpu, client_cpu_seconds() - cpu_client0)
+
+
+# -- the burst against its floor --------------------------------------------------------------------
+def floor_unit_seconds(text: str, repeats: int = 40) -> float:
+    """G2P + one talker run of ``text``'s first sentence, alone, one onnxruntime thread (median s).
+
+    The talker's own ONNX session and G2P, loaded here in the bench process (not the server's).
+    """
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omniweb.settings")
+    import django
+
+    django.setup()
+    import numpy as np
+    import onnxruntime as ort
+    from hibari import Hibari, voices
+
+    from speech.text import model_text, split_text
+    from speech.tts.model import capabilities
+
+    voice = capabilities().default_voice
+    path = voices.voice_path(voice, download_missing=False)
+    hib = Hibari(voice=voice, model=path)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    first = split_text(text, "sentence")[0]
+
+    def unit() -> None:
+        for ps in hib.phonemize(model_text(first)):
+            ids = hib.ids(ps)
+            sess.run(None, {"ids": np.asarray([ids], np.int64), "speed": np.asarray([1.0], np.float32)})
+
+    unit()
+    times = []
+    for _ in range(repeats):
+        t0 = perf()
+        unit()
+        times.append(perf() - t0)
+    return pct(times, 50)
+
+
+def load_average() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+async def run_burst(args: argparse.Namespace) -> int:
+    """Only the burst: floor, ``rounds`` bursts of ``sessions`` flushing ``BURST_TEXT``, floor again."""
+    sessions, rounds = args.burst_sessions, args.burst_rounds
+    server: Server | None = None
+    server_pid: int | None = args.server_pid
+    if args.url:
+        url = endpoint(args.url)
+    else:
+        log_path = Path(args.log) if args.log else Path(tempfile.mkstemp(prefix="omniweb-bench-", suffix=".log")[1])
+        server = Server(free_port(), log_path)
+        server_pid = server.proc.pid
+        url = server.url
+    levels: list[Level] = []
+    try:
+        if server is not None:
+            await server.wait_accepting()
+        deadline = perf() + 180
+        while True:  # daphne drops a handshake after 5 s: retry while the engine preloads
+            try:
+                async with ws_connect(url) as ws:
+                    await ws.send(config_msg())
+                    warm = await ws_utterance(ws, BURST_TEXT)
+                    await ws.send(CLOSE_MSG)
+                break
+            except (OSError, websockets.exceptions.WebSocketException):
+                if perf() > deadline:
+                    raise
+                await asyncio.sleep(1.0)
+        if warm.errors or warm.t_first is None:
+            raise RuntimeError(f"warm-up utterance failed: {warm.errors}")
+        load_before = load_average()
+        unit_before = await asyncio.to_thread(floor_unit_seconds, BURST_TEXT)
+        for r in range(rounds):
+            print(f"burst {r + 1}/{rounds}: {sessions} sessions ...", file=sys.stderr)
+            await asyncio.sleep(1.0)
+            levels.append(await measure_level(url, sessions, server_pid, mode="burst", text=BURST_TEXT))
+        unit_after = await asyncio.to_thread(floor_unit_seconds, BURST_TEXT)
+        load_after = load_average()
+    finally:
+        if server is not None:
+            server.stop()
+    cores = os.cpu_count() or 1
+    unit = (unit_before + unit_after) / 2
+    floor = sessions * unit / cores
+    firsts = [f for lv in levels for f in lv.firsts]
+    gaps = sum(len(lv.gap_streams) for lv in levels)
+    worst = max((u.max_late for lv in levels for u in lv.complete), default=0.0)
+    failures = sum(lv.failures for lv in levels)
+    p50, p95 = pct(firsts, 50), pct(firsts, 95)
+    ratio = p95 / floor
+    print(f"\n## Burst: {sessions} sessions flush {BURST_TEXT!r} at once ({rounds} rounds)\n")
+    print(f"- machine: {cores} CPUs, load average {load_before} before, {load_after} after (shared machine)")
+    print(f"- engine settings: {engine_settings()}")
+    print(
+        f"- floor unit (G2P + one talker run of the first sentence, alone, 1 thread): {unit * 1000:.2f} ms "
+        f"(before {unit_before * 1000:.2f}, after {unit_after * 1000:.2f})"
+    )
+    print(f"- floor = {sessions} × {unit * 1000:.2f} ms / {cores} cores = {floor * 1000:.1f} ms\n")
+    print(
+        "| round | first audio p50 ms | p95 ms | max ms | p95 / floor | utterances with gaps | failures "
+        "| wall s | server CPU s | bench CPU s |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for i, lv in enumerate(levels, 1):
+        f = lv.firsts
+        print(
+            f"| {i} | {ms(pct(f, 50))} | {ms(pct(f, 95))} | {ms(max(f, default=math.nan))} | "
+            f"{pct(f, 95) / floor:.2f}× | {len(lv.gap_streams)} | {lv.failures} | {lv.wall_s:.2f} | "
+            f"{lv.server_cpu_s:.2f} | {lv.client_cpu_s:.2f} |"
+        )
+    wall, server_cpu, bench_cpu = (
+        sum(getattr(lv, k) for lv in levels) for k in ("wall_s", "server_cpu_s", "client_cpu_s")
+    )
+    print(
+        f"| all | {ms(p50)} | {ms(p95)} | {ms(max(firsts, default=math.nan))} | {ratio:.2f}× | {gaps} | {failures} "
+        f"| {wall:.2f} | {server_cpu:.2f} | {bench_cpu:.2f} |"
+    )
+    ok = ratio <= TARGET_BURST_VS_FLOOR and not gaps and not failures
+    print(
+        f"\n- {verdict(ok)}: p95 first audio {ms(p95)} ms ≤ {TARGET_BURST_VS_FLOOR}× floor ({ratio:.2f}×), "
+        f"no playback gaps ({gaps}; worst lateness {ms(worst)} ms), no failures ({failures})"
+    )
+    return 0 if ok else 1
 
 
 # -- report -----------------------------------------------------------------------------------------
@@ -806,6 +956,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--levels", default="1,8,32,64", help="concurrency levels, comma-separated")
     p.add_argument("--server-pid", type=int, help="with --url: the server's pid, to report its CPU time per level")
     p.add_argument("--log", help="where to keep the started server's log (default: a temp file)")
+    p.add_argument("--burst", action="store_true", help="only the burst of BURST_TEXT against its floor")
+    p.add_argument("--burst-sessions", type=int, default=64, help="with --burst: sessions per burst")
+    p.add_argument("--burst-rounds", type=int, default=3, help="with --burst: bursts in the run")
     return p.parse_args(argv)
 
 
@@ -894,7 +1047,8 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return asyncio.run(run(parse_args(argv)))
+    args = parse_args(argv)
+    return asyncio.run(run_burst(args) if args.burst else run(args))
 
 
 if __name__ == "__main__":

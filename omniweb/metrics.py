@@ -6,8 +6,11 @@ Everything lives on one dedicated ``REGISTRY`` (never prometheus_client's global
 - ``omniweb_sessions_open{endpoint}``: by the WebSocket access middleware (``omniweb.auth``) when the
   app accepts a socket, and back down when the connection's app returns, exactly once per socket;
 - ``omniweb_time_to_first_audio_seconds{mode}``: by the speech consumer, ``input.done`` → first audio;
-- ``omniweb_errors_total{kind}``: every ``error`` message the speech consumer sends
-  (``count_error_message``) plus refused handshakes (``auth``, ``limit``);
+- ``omniweb_errors_total{kind}``: every ``error`` message a session consumer sends, by the ``kind``
+  it carries (``count_error_message``; kinds in ``omniweb.errors``), plus refused handshakes
+  (``auth``, ``limit``);
+- ``omniweb_video_first_text_seconds`` / ``_first_audio_seconds`` / ``_turn_seconds``: by the video
+  consumer (``TurnClock``), from a turn's start to its first text delta, first audio delta, and end;
 - ``omniweb_engine_batch_size{kind}``: by the scheduler through ``observe_batch``.
 
 The engine gauges are computed at scrape time (``EngineCollector``): from the in-process scheduler
@@ -30,12 +33,14 @@ from django.conf import settings
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from omniweb.errors import ErrorKind
+
 logger = logging.getLogger(__name__)
 
 WORKER_KEY_PREFIX = "omniweb:worker:"  # the engine worker's heartbeat keys (omniweb.engine.worker)
 LOCAL_WORKER = "local"  # the ``worker`` label of this process's own (embedded) engine
 REDIS_TIMEOUT = 1.0  # seconds for a health check's Redis PING / heartbeat read
-ERROR_KINDS = ("protocol", "timeout", "busy", "generation", "stalled", "auth", "limit")
+ERROR_KINDS = tuple(kind.value for kind in ErrorKind)
 
 REGISTRY = CollectorRegistry()
 
@@ -60,6 +65,26 @@ ENGINE_BATCH_SIZE = Histogram(
     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128),
     registry=REGISTRY,
 )
+_TURN_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0)
+VIDEO_FIRST_TEXT = Histogram(
+    "omniweb_video_first_text_seconds",
+    "Seconds from a video turn's start (video.query) to its first response.text.delta",
+    buckets=_TURN_BUCKETS,
+    registry=REGISTRY,
+)
+VIDEO_FIRST_AUDIO = Histogram(
+    "omniweb_video_first_audio_seconds",
+    "Seconds from a video turn's start (video.query) to its first response.audio.delta",
+    buckets=_TURN_BUCKETS,
+    registry=REGISTRY,
+)
+VIDEO_TURN = Histogram(
+    "omniweb_video_turn_seconds",
+    "Seconds from a video turn's start to its end (answered or failed; interrupted turns are not counted)",
+    ["outcome"],
+    buckets=_TURN_BUCKETS,
+    registry=REGISTRY,
+)
 ERRORS = Counter(
     "omniweb_errors",
     "Errors sent to clients and refused WebSocket handshakes, by kind",
@@ -71,6 +96,8 @@ for _kind in ERROR_KINDS:
     ERRORS.labels(kind=_kind)
 for _mode in ("stream", "file"):
     TIME_TO_FIRST_AUDIO.labels(mode=_mode)
+for _outcome in ("ok", "error"):
+    VIDEO_TURN.labels(outcome=_outcome)
 
 
 # -- instrumentation entry points --------------------------------------------------------------------
@@ -83,23 +110,11 @@ def count_error(kind: str) -> None:
     ERRORS.labels(kind=kind).inc()
 
 
-def error_kind(message: str) -> str:
-    """Classify an ``error`` message sent by the speech consumer (texts from speech/consumers.py)."""
-    if message.startswith("Generation failed"):
-        return "generation"
-    if "at capacity" in message:
-        return "busy"
-    if message.startswith(("Timeout waiting", "Idle timeout")):
-        return "timeout"
-    if message.startswith("Client is not reading"):  # its send buffer overflowed: session closed
-        return "stalled"
-    return "protocol"
-
-
 def count_error_message(payload: dict[str, Any]) -> None:
-    """Called for every JSON message the speech consumer sends; counts the ``error`` ones."""
+    """Called for every JSON message a session consumer sends; counts the ``error`` ones by kind."""
     if payload.get("type") == "error":
-        count_error(error_kind(str(payload.get("message", ""))))
+        kind = payload.get("kind")
+        count_error(kind if kind in ERROR_KINDS else ErrorKind.CLIENT.value)
 
 
 class FirstAudioClock:
@@ -117,6 +132,29 @@ class FirstAudioClock:
             self._done = True
             mode = "stream" if stream else "file"
             TIME_TO_FIRST_AUDIO.labels(mode=mode).observe(time.monotonic() - self._started)
+
+
+class TurnClock:
+    """Started when a video turn starts; observes its first text, first audio and duration once each."""
+
+    __slots__ = ("_audio", "_started", "_text")
+
+    def __init__(self) -> None:
+        self._started = time.monotonic()
+        self._text = self._audio = False
+
+    def text_sent(self) -> None:
+        if not self._text:
+            self._text = True
+            VIDEO_FIRST_TEXT.observe(time.monotonic() - self._started)
+
+    def audio_sent(self) -> None:
+        if not self._audio:
+            self._audio = True
+            VIDEO_FIRST_AUDIO.observe(time.monotonic() - self._started)
+
+    def ended(self, ok: bool) -> None:
+        VIDEO_TURN.labels(outcome="ok" if ok else "error").observe(time.monotonic() - self._started)
 
 
 # -- the engine: in-process scheduler and Redis heartbeats -------------------------------------------

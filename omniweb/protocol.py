@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from omniweb.errors import ErrorKind
+
 
 class ProtocolError(Exception):
     """A client mistake; ``message`` is safe to send to the client."""
@@ -24,6 +26,9 @@ def describe_validation_error(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def error(message: str) -> dict[str, Any]:
-    """The ``error`` message both endpoints send (its text is always safe for the client)."""
-    return {"type": "error", "message": message}
+def error(message: str, kind: ErrorKind = ErrorKind.CLIENT) -> dict[str, Any]:
+    """The ``error`` message both endpoints send (its text is always safe for the client).
+
+    ``kind`` says whose problem it is (see ``omniweb.errors``); ``/metrics`` counts errors by it.
+    """
+    return {"type": "error", "message": message, "kind": kind.value}

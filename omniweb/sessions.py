@@ -16,6 +16,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from omniweb import metrics
+from omniweb.errors import ErrorKind
 from omniweb.protocol import error
 from omniweb.transport import client_stalled
 
@@ -31,8 +32,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
     channel_layer_alias = "omniweb-sessions-use-no-layer"
     config: Any = None
 
-    async def fail(self, message: str) -> None:
-        """Send ``error`` and end the session."""
+    async def fail(self, message: str, kind: ErrorKind = ErrorKind.CLIENT) -> None:
+        """Send ``error`` (of ``kind``) and end the session."""
         raise NotImplementedError
 
     async def reject(self, message: str) -> None:

@@ -116,7 +116,12 @@ DAPHNE_WEBSOCKET_MAX_MESSAGE_SIZE = WEBSOCKET_MAX_MESSAGE_SIZE
 DAPHNE_WEBSOCKET_MAX_FRAME_SIZE = WEBSOCKET_MAX_MESSAGE_SIZE
 
 # Engine runtime.
-DEVICE = env_str("DEVICE", "cpu")  # "cpu" or "cuda"; see docs in README
+DEVICE = env_str("DEVICE", "cpu")  # "cpu", "cuda" or "cuda:N"; see docs in README
+# Per model (omniweb.devices): empty means DEVICE. A GPU worker may keep some models on the CPU.
+TTS_DEVICE = env_str("TTS_DEVICE", "")
+VOCODER_DEVICE = env_str("VOCODER_DEVICE", "")
+ASR_DEVICE = env_str("ASR_DEVICE", "")
+VISION_DEVICE = env_str("VISION_DEVICE", "")
 ENGINE_WORKERS = env_int("ENGINE_WORKERS", min(2, os.cpu_count() or 1))
 ENGINE_MAX_ACTIVE = env_int("ENGINE_MAX_ACTIVE", 128)
 ENGINE_MAX_QUEUED = env_int("ENGINE_MAX_QUEUED", 256)

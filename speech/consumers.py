@@ -33,6 +33,7 @@ from django.conf import settings
 from omniweb import metrics  # ops instrumentation: time to first audio
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
+from omniweb.errors import ErrorKind, end_kind
 from omniweb.sessions import SessionClock, SessionConsumer
 
 from . import protocol
@@ -233,7 +234,7 @@ class SpeechStreamConsumer(SessionConsumer):
             return
         complete = pieces[:-1]
         if self.utterance is None:
-            codec, problem = await self._flush_plan(config)
+            codec, problem, _ = await self._flush_plan(config)
             if problem is not None:  # reported at input.done, as for a plain flush
                 return
             self.text_parts = [buffered[cut:]]
@@ -261,21 +262,24 @@ class SpeechStreamConsumer(SessionConsumer):
             self.state = SessionState.GENERATING
             return
         if text:
-            codec, problem = await self._flush_plan(config)
+            codec, problem, kind = await self._flush_plan(config)
             if problem is None:
                 pieces = [text] if config.split_granularity == "none" else split_text(text, config.split_granularity)
                 self.start_utterance(pieces, config, codec)
                 return
-            await self.send_json(protocol.error(problem))
+            await self.send_json(protocol.error(problem, kind=kind))
         await self.send_json(protocol.session_done(self.utterance_index, 0))
         self.utterance_index += 1
 
-    async def _flush_plan(self, config: SessionConfig) -> tuple[dict[str, Any] | None, str | None]:
-        """The codec spec for codec_tokens output (else None), and why the flush cannot run (else None)."""
+    async def _flush_plan(self, config: SessionConfig) -> tuple[dict[str, Any] | None, str | None, ErrorKind]:
+        """The codec spec for codec_tokens output (else None), why the flush cannot run (else None),
+        and whose fault that is: a codec mode refused because the codec could not be loaded is the
+        server's failure."""
         uses_codec = config.output_mode == "codec_tokens" or config.vocoder == "codec"
         spec = await self._codec_spec() if uses_codec else None
         problem = protocol.flush_precondition_error(config, codec_ready=spec is not None)
-        return (spec if config.output_mode == "codec_tokens" else None), problem
+        kind = ErrorKind.ENGINE if uses_codec and spec is None else ErrorKind.CLIENT
+        return (spec if config.output_mode == "codec_tokens" else None), problem, kind
 
     async def on_input_cancel(self, msg: dict[str, Any]) -> None:
         if self.utterance is not None:  # replayed while speaking before the flush: stop it
@@ -388,7 +392,7 @@ class SpeechStreamConsumer(SessionConsumer):
             raise
         except Exception:
             logger.exception("utterance %d failed", utt.index)
-            await self._end_utterance(utt, config, failed=True)
+            await self._end_utterance(utt, config, failed=True, kind=ErrorKind.ENGINE)
         self.utterance = None
         self.utterance_index += 1
         if self.state is SessionState.CLOSED:
@@ -435,7 +439,8 @@ class SpeechStreamConsumer(SessionConsumer):
                         # Leaving the loop closes the engine stream, which aborts the request.
                         await self.fail(
                             f"Client is not reading: over {settings.SESSION_SEND_BUFFER_MAX} bytes queued; "
-                            "session closed"
+                            "session closed",
+                            ErrorKind.STALLED,
                         )
                         return "stalled"
         finally:
@@ -450,14 +455,16 @@ class SpeechStreamConsumer(SessionConsumer):
         elif status == "cancelled" and utt.cancelled:
             await self._end_utterance(utt, config, cancelled=True)
         elif status == "busy" and utt.sentences == 0 and utt.current is None:
-            await self.send_json(protocol.error(chunk["message"]))
+            await self.send_json(protocol.error(chunk["message"], kind=end_kind(chunk)))
             await self.send_json(protocol.session_done(utt.index, 0))
         elif status == "busy":  # a later request of an utterance that already spoke
-            await self.send_json(protocol.error(chunk["message"]))
-            await self._end_utterance(utt, config, failed=True)
+            await self.send_json(protocol.error(chunk["message"], kind=end_kind(chunk)))
+            await self._end_utterance(utt, config, failed=True, kind=end_kind(chunk))
         else:
-            logger.warning("utterance %d ended with %s: %s", utt.index, status, chunk.get("message"))
-            await self._end_utterance(utt, config, failed=True)
+            logger.warning(
+                "utterance %d ended with %s (%s): %s", utt.index, status, chunk.get("kind"), chunk.get("message")
+            )
+            await self._end_utterance(utt, config, failed=True, kind=end_kind(chunk))
         return status
 
     async def _replay_pending(self) -> None:
@@ -579,7 +586,14 @@ class SpeechStreamConsumer(SessionConsumer):
         )
 
     async def _end_codec_utterance(
-        self, utt: _Utterance, codec: dict[str, Any], config: SessionConfig, *, failed: bool, cancelled: bool
+        self,
+        utt: _Utterance,
+        codec: dict[str, Any],
+        config: SessionConfig,
+        *,
+        failed: bool,
+        cancelled: bool,
+        kind: ErrorKind = ErrorKind.ENGINE,
     ) -> None:
         """As ``_end_utterance`` for codec streams: a stream that did not fail ends with an EOS
         packet (an empty one when its last packet had not gone out), then codec.done."""
@@ -592,6 +606,7 @@ class SpeechStreamConsumer(SessionConsumer):
                 protocol.error(
                     f"Codec stream failed for utterance {utt.index}, sentence {sentence.index}",
                     partial_audio=sentence.frames > 0,
+                    kind=kind,
                 )
             )
         elif not sentence.eos_sent:
@@ -608,7 +623,13 @@ class SpeechStreamConsumer(SessionConsumer):
         await self.send_json(protocol.session_done(utt.index, utt.sentences))
 
     async def _end_utterance(
-        self, utt: _Utterance, config: SessionConfig, *, failed: bool = False, cancelled: bool = False
+        self,
+        utt: _Utterance,
+        config: SessionConfig,
+        *,
+        failed: bool = False,
+        cancelled: bool = False,
+        kind: ErrorKind = ErrorKind.ENGINE,
     ) -> None:
         """Close the open sentence with audio.done, then the utterance.
 
@@ -616,7 +637,7 @@ class SpeechStreamConsumer(SessionConsumer):
         ``audio.done`` with ``error``/``cancelled`` and every ``audio.done`` has its ``audio.start``.
         """
         if utt.codec is not None:
-            await self._end_codec_utterance(utt, utt.codec, config, failed=failed, cancelled=cancelled)
+            await self._end_codec_utterance(utt, utt.codec, config, failed=failed, cancelled=cancelled, kind=kind)
             return
         sentence = utt.current
         if sentence is None:
@@ -627,6 +648,7 @@ class SpeechStreamConsumer(SessionConsumer):
                 protocol.error(
                     f"Generation failed for utterance {utt.index}, sentence {sentence.index}",
                     partial_audio=sentence.sent_bytes > 0,
+                    kind=kind,
                 )
             )
         await self.send_json(
@@ -637,8 +659,8 @@ class SpeechStreamConsumer(SessionConsumer):
         await self.send_json(protocol.session_done(utt.index, utt.sentences))
 
     # -- errors and timeouts -----------------------------------------------------------------------
-    async def fail(self, message: str) -> None:
-        await self.send_json(protocol.error(message))
+    async def fail(self, message: str, kind: ErrorKind = ErrorKind.CLIENT) -> None:
+        await self.send_json(protocol.error(message, kind=kind))
         self.state = SessionState.CLOSED
         task = self.generation
         if task is not None and not task.done() and task is not asyncio.current_task():
@@ -647,7 +669,8 @@ class SpeechStreamConsumer(SessionConsumer):
 
     async def on_timeout(self, awaiting_config: bool) -> None:
         await self.fail(
-            "Timeout waiting for session.config" if awaiting_config else "Idle timeout: no message received"
+            "Timeout waiting for session.config" if awaiting_config else "Idle timeout: no message received",
+            ErrorKind.TIMEOUT,
         )
 
 

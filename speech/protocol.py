@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from omniweb.errors import ErrorKind
 from omniweb.protocol import ProtocolError, describe_validation_error
 from omniweb.protocol import error as base_error
 
@@ -186,8 +187,8 @@ def flush_precondition_error(config: SessionConfig, codec_ready: bool) -> str | 
 
 
 # -- server → client messages ---------------------------------------------------------------------
-def error(message: str, *, partial_audio: bool = False) -> dict[str, Any]:
-    payload = base_error(message)
+def error(message: str, *, partial_audio: bool = False, kind: ErrorKind = ErrorKind.CLIENT) -> dict[str, Any]:
+    payload = base_error(message, kind)
     if partial_audio:
         payload.update(partial_audio=True, action="discard")
     return payload

@@ -170,6 +170,7 @@ async def test_killed_worker_fails_its_streams_within_five_seconds_only(stack):
     assert len(failed) + len(finished) == len(logs)
     for log in failed:
         assert ended(log)["message"] == "engine worker lost"
+        assert ended(log)["kind"] == "worker_lost"  # chosen where the silence was noticed
         assert log[-1][0] - killed_at < 5.0
     stack.workers[victim].wait(5)
     # New requests go to the live worker.
@@ -220,7 +221,7 @@ async def test_sigterm_past_the_drain_time_fails_streams_at_once_not_after_the_l
     sent = await asyncio.to_thread(terminate, stack, "w1", 10)
     await asyncio.wait_for(asyncio.gather(*tasks), 30)
     for log in logs:
-        assert ended(log) == {"type": "end", "status": "error", "message": "engine stopped"}
+        assert ended(log) == {"type": "end", "status": "error", "kind": "engine_failure", "message": "engine stopped"}
         assert log[-1][0] - sent < 2.0  # the lease (3 s) never came into it
     stack.start_worker("w1")
     stack.start_worker("w2")
@@ -254,6 +255,7 @@ async def test_redis_restart_fails_in_flight_requests_and_recovers(stack):
     stack.stop_redis()
     await asyncio.wait_for(task, 10)
     assert ended(log)["status"] == "error"
+    assert ended(log)["kind"] in ("engine_unreachable", "worker_lost")
     stack.start_redis()
     # Workers reconnect on their own; a new request works without restarting anything.
     deadline = time.monotonic() + 20
@@ -271,14 +273,16 @@ async def test_full_worker_channel_is_a_clear_busy_error(stack):
     client = client_for(stack, channel_capacity={"omniweb-engine": 0})
     log: list[tuple[float, dict[str, Any]]] = []
     await collect(client, request("Never sent."), log)
-    assert [c for _, c in log] == [{"type": "end", "status": "busy", "message": "server is at capacity; retry shortly"}]
+    assert [c for _, c in log] == [
+        {"type": "end", "status": "busy", "kind": "capacity", "message": "server is at capacity; retry shortly"}
+    ]
 
 
 async def test_requests_over_the_message_limit_are_refused_not_sent(stack):
     client = client_for(stack)
     log: list[tuple[float, dict[str, Any]]] = []
     await collect(client, request("x" * (MAX_MESSAGE_BYTES + 1)), log)
-    assert ended(log)["status"] == "invalid"
+    assert ended(log)["status"] == "invalid" and ended(log)["kind"] == "client_error"
     # The largest utterance the protocol allows (100 000 characters) fits.
     ok: list[tuple[float, dict[str, Any]]] = []
     stream = client.stream(request("Word. " * 16_000))
@@ -340,3 +344,12 @@ async def test_requests_over_the_message_limit_reach_the_worker_through_redis_ke
     assert ended(log)["status"] == "ok", ended(log)
     assert "red" in ended(log)["text"].lower()  # the worker saw the picture itself
     assert stack.run_redis(lambda r: r.keys("omniweb:blob:*")) == []  # taken, nothing left behind
+
+
+async def test_a_request_the_worker_refuses_comes_back_with_its_kind(stack):
+    """The kind is chosen on the worker (its pipeline's validation) and travels back over Redis."""
+    log: list[tuple[float, dict[str, Any]]] = []
+    await collect(client_for(stack), {**request("Hello."), "voice": "no-such-voice"}, log)
+    assert [c["type"] for _, c in log] == ["end"]
+    assert ended(log)["status"] == "invalid" and ended(log)["kind"] == "client_error"
+    assert "Unknown voice" in ended(log)["message"]

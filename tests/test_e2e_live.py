@@ -91,7 +91,7 @@ def test_oversized_message_gets_the_protocol_error(server):
             await ws.send(json.dumps({"type": "session.config", "client_note": "x" * (5 * 1024 * 1024)}))
             return json.loads(await asyncio.wait_for(ws.recv(), 10))
 
-    assert asyncio.run(run()) == {"type": "error", "message": "WebSocket message too large"}
+    assert asyncio.run(run()) == {"type": "error", "message": "WebSocket message too large", "kind": "client_error"}
 
 
 def test_cross_site_origin_is_refused(server):

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from omniweb.engine.contracts import DONE, ResourceEstimate, ShapeSignature, StepResult, WorkPlan
+from omniweb.engine.contracts import DONE, ShapeSignature, StepResult, WaitFor, Wake, WorkPlan
 from omniweb.engine.scheduler import AdmissionError, Scheduler
+from omniweb.errors import EngineError, ErrorKind
 
 
 @dataclass
@@ -24,6 +25,9 @@ class CountState:
     steps: int
     delay: float
     fail_at: int | None
+    fail_kind: ErrorKind | None = None
+    shape: int = 1
+    tag: str = ""
     done: int = 0
     batch_sizes: list[int] = field(default_factory=list)
 
@@ -37,9 +41,15 @@ class CountLoop:
         self.batch_sizes: list[int] = []
         self.lock = threading.Lock()
         self.released: list[int] = []  # steps done by each request released without finalize
+        self.ran: list[str] = []  # request tags in the order their steps ran
 
     def init(self, request: dict[str, Any], slots: dict[str, Any]) -> CountState:
-        return CountState(request["steps"], request.get("delay", 0.0), request.get("fail_at"))
+        state = CountState(
+            request["steps"], request.get("delay", 0.0), request.get("fail_at"), request.get("fail_kind")
+        )
+        state.shape = request.get("shape", 1)
+        state.tag = request.get("tag", "")
+        return state
 
     def next(self, state: CountState) -> WorkPlan | Any:
         if state.done >= state.steps:
@@ -50,7 +60,11 @@ class CountLoop:
 
         def run() -> StepResult:
             time.sleep(state.delay)
+            with self.lock:
+                self.ran.append(state.tag)
             if state.fail_at == i:
+                if state.fail_kind is not None:
+                    raise EngineError(state.fail_kind, "secret internal detail", client_message="upstream said no")
                 raise RuntimeError("secret internal detail")
             return StepResult(output=i, chunks=[{"type": "tick", "i": i}], media_seconds=0.1)
 
@@ -61,8 +75,7 @@ class CountLoop:
 
         return WorkPlan(
             kind="count",
-            shape=ShapeSignature("count", (1,)),
-            estimate=ResourceEstimate(),
+            shape=ShapeSignature("count", (state.shape,)),
             run=run,
             emits=("ticks",),
             batch_run=batch_run,
@@ -228,7 +241,12 @@ def test_a_failing_step_ends_only_its_request(make_scheduler, caplog):
     sched.submit("bad", {"pipeline": "count", "steps": 5, "fail_at": 2}, bad)
     sched.submit("good", {"pipeline": "count", "steps": 5}, good)
     assert bad.ended.wait(5) and good.ended.wait(5)
-    assert bad.chunks[-1] == {"type": "end", "status": "error", "message": "generation failed"}
+    assert bad.chunks[-1] == {
+        "type": "end",
+        "status": "error",
+        "kind": "engine_failure",
+        "message": "generation failed",
+    }
     assert "secret internal detail" not in repr(bad.chunks)  # logged, never sent
     assert "secret internal detail" in caplog.text
     assert good.chunks[-1]["status"] == "ok"
@@ -404,3 +422,242 @@ def test_batch_priority_leaves_a_worker_free_for_real_time_arrivals(make_schedul
         most = max(most, sched.stats().running_steps)
         time.sleep(0.002)
     assert most == 1, "two batch steps ran at once: no worker was left for a real-time arrival"
+
+
+def test_a_fault_in_a_batched_step_ends_only_its_own_request(make_scheduler, caplog):
+    """Eight requests step in lockstep in batches of eight; one step of one of them raises."""
+    sched, pipeline = make_scheduler(workers=1, max_batch=8)
+    blocker = Collector()
+    sched.submit("slow", {"pipeline": "count", "steps": 1, "delay": 0.2}, blocker)
+    time.sleep(0.05)  # the only worker is busy: the eight first steps are ready together
+    sinks = [Collector() for _ in range(8)]
+    for i, sink in enumerate(sinks):
+        request = {"pipeline": "count", "steps": 4, **({"fail_at": 1} if i == 3 else {})}
+        sched.submit(f"r{i}", request, sink)
+    for sink in sinks:
+        assert sink.ended.wait(5)
+    assert pipeline.loops[0].batch_sizes[:2] == [8, 8]  # the failing step ran in a batch of eight
+    bad = sinks[3]
+    assert [c["i"] for c in bad.chunks[:-1]] == [0]
+    assert bad.chunks[-1]["status"] == "error" and bad.chunks[-1]["kind"] == "engine_failure"
+    for i, sink in enumerate(sinks):
+        if i != 3:
+            assert [c["i"] for c in sink.chunks[:-1]] == [0, 1, 2, 3]
+            assert sink.chunks[-1] == {"type": "end", "status": "ok", "steps": 4}
+    assert "running its plans alone" in caplog.text
+    wait_idle(sched)
+
+
+def test_a_step_chooses_the_kind_and_client_message_of_its_error(make_scheduler):
+    sched, _ = make_scheduler(workers=1)
+    sink = Collector()
+    sched.submit("up", {"pipeline": "count", "steps": 3, "fail_at": 1, "fail_kind": ErrorKind.UPSTREAM}, sink)
+    assert sink.ended.wait(5)
+    assert sink.chunks[-1] == {
+        "type": "end",
+        "status": "error",
+        "kind": "upstream_failure",
+        "message": "upstream said no",
+    }
+
+
+def test_a_stopped_engine_refuses_as_unreachable(make_scheduler):
+    sched, _ = make_scheduler()
+    sched.stop()
+    with pytest.raises(AdmissionError) as refused:
+        sched.submit("late", {"pipeline": "count", "steps": 1}, Collector())
+    assert refused.value.kind is ErrorKind.UNREACHABLE
+
+
+class Source:
+    """Outside input a loop waits on (as the upstream thinker's HTTP stream): pushed from any thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.items: list[str] = []
+        self.closed = False
+        self.wake: Wake | None = None
+        self.subscriptions = 0
+
+    def push(self, item: str | None) -> None:
+        with self.lock:
+            if item is None:
+                self.closed = True
+            else:
+                self.items.append(item)
+            wake, self.wake = self.wake, None
+        if wake is not None:
+            wake()
+
+    def subscribe(self, wake: Wake) -> None:
+        with self.lock:
+            self.subscriptions += 1
+            ready = bool(self.items) or self.closed
+            if not ready:
+                self.wake = wake
+        if ready:
+            wake()
+
+
+@dataclass
+class IoState:
+    source: Source
+    got: list[str] = field(default_factory=list)
+
+
+class IoLoop:
+    """Emits what its source delivers; waits (holding no worker) while the source is silent."""
+
+    name = "io"
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> IoState:
+        return IoState(request["source"])
+
+    def next(self, state: IoState) -> WorkPlan | Any:
+        source = state.source
+        with source.lock:
+            items, source.items = source.items, []
+            closed = source.closed
+        if not items:
+            return DONE if closed else WaitFor(source.subscribe)
+
+        def run() -> StepResult:
+            self.steps += 1
+            return StepResult(output=items, chunks=[{"type": "text", "items": items}])
+
+        return WorkPlan(kind="io", shape=ShapeSignature("io"), run=run)
+
+    def advance(self, state: IoState, result: StepResult) -> None:
+        state.got.extend(result.output)
+
+    def finalize(self, state: IoState) -> dict[str, Any]:
+        return {"got": state.got}
+
+
+class IoPipeline:
+    name = "io"
+    loops = (IoLoop(),)
+
+    def validate(self, request: dict[str, Any]) -> None:
+        pass
+
+    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
+        return finals[0]
+
+
+def test_loops_waiting_on_io_hold_no_worker_and_wake_when_input_arrives():
+    io = IoPipeline()
+    sched = Scheduler({"count": CountPipeline(), "io": io}, workers=2)
+    sched.start()
+    try:
+        sources = [Source(), Source()]
+        waiting = [Collector(), Collector()]
+        for i, (source, sink) in enumerate(zip(sources, waiting, strict=True)):
+            sched.submit(f"io{i}", {"pipeline": "io", "source": source}, sink)
+        # Both workers stay free for other work while the two requests wait on silent sources.
+        streams = [Collector() for _ in range(4)]
+        for i, sink in enumerate(streams):
+            sched.submit(f"s{i}", {"pipeline": "count", "steps": 20, "delay": 0.005}, sink)
+        for sink in streams:
+            assert sink.ended.wait(5) and sink.chunks[-1]["status"] == "ok"
+        assert io.loops[0].steps == 0 and not any(w.ended.is_set() for w in waiting)
+        assert sched.stats().active == 2 and sched.stats().running_steps == 0
+        # Input wakes the waiting loop from another thread; an ended source finishes the request.
+        threading.Thread(target=sources[0].push, args=("hello",)).start()
+        deadline = time.monotonic() + 5
+        while not waiting[0].chunks and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert waiting[0].chunks[0] == {"type": "text", "items": ["hello"]}
+        sources[0].push("world")
+        sources[0].push(None)
+        sources[1].push(None)
+        for sink in waiting:
+            assert sink.ended.wait(5)
+        assert waiting[0].chunks[-1] == {"type": "end", "status": "ok", "got": ["hello", "world"]}
+        assert waiting[1].chunks[-1] == {"type": "end", "status": "ok", "got": []}
+        assert io.loops[0].steps <= 3  # one step per arrival at most, never a poll
+        wait_idle(sched)
+    finally:
+        sched.stop()
+
+
+def test_an_aborted_request_waiting_on_io_ignores_a_late_wake_up():
+    io = IoPipeline()
+    sched = Scheduler({"io": io}, workers=1)
+    sched.start()
+    try:
+        source, sink = Source(), Collector()
+        sched.submit("gone", {"pipeline": "io", "source": source}, sink)
+        deadline = time.monotonic() + 2
+        while source.subscriptions == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert sched.abort("gone")
+        source.push("late")  # wakes nothing: the request has left the tables
+        assert sink.chunks == [{"type": "end", "status": "cancelled"}]
+        wait_idle(sched)
+    finally:
+        sched.stop()
+
+
+def test_a_batch_never_carries_work_less_urgent_than_other_work_waiting(make_scheduler):
+    """Batching is free on a GPU but not on a CPU: a batch takes only the equal-shape plans that
+    are more urgent than the most urgent plan of another shape, so it cannot push that one back."""
+    sched, pipeline = make_scheduler(workers=1, max_batch=8)
+    blocker = Collector()
+    sched.submit("slow", {"pipeline": "count", "steps": 1, "delay": 0.2, "tag": "slow"}, blocker)
+    time.sleep(0.05)
+    sinks = [Collector() for _ in range(4)]
+    for i, (shape, tag) in enumerate([(1, "a"), (1, "b"), (2, "c"), (1, "d")]):
+        sched.submit(f"r{i}", {"pipeline": "count", "steps": 1, "shape": shape, "tag": tag}, sinks[i])
+    for sink in sinks:
+        assert sink.ended.wait(5)
+    loop = pipeline.loops[0]
+    assert loop.ran == ["slow", "a", "b", "c", "d"]  # "d" did not ride along with "a" and "b"
+    assert loop.batch_sizes == [2]
+
+
+class EagerLoop:
+    """A buggy loop: it waits for input it says is already there, forever."""
+
+    name = "eager"
+
+    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> None:
+        return None
+
+    def next(self, state: None) -> WaitFor:
+        return WaitFor(lambda wake: wake())
+
+    def advance(self, state: None, result: StepResult) -> None:
+        pass
+
+    def finalize(self, state: None) -> dict[str, Any]:
+        return {}
+
+
+class EagerPipeline:
+    name = "eager"
+    loops = (EagerLoop(),)
+
+    def validate(self, request: dict[str, Any]) -> None:
+        pass
+
+    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
+        return {}
+
+
+def test_a_loop_that_waits_for_what_it_has_fails_its_request_instead_of_spinning(caplog):
+    sched = Scheduler({"eager": EagerPipeline(), "count": CountPipeline()}, workers=1)
+    sched.start()
+    try:
+        bad, good = Collector(), Collector()
+        sched.submit("bad", {"pipeline": "eager"}, bad)
+        sched.submit("good", {"pipeline": "count", "steps": 2}, good)
+        assert bad.ended.wait(5) and good.ended.wait(5)
+        assert bad.chunks[-1]["status"] == "error" and bad.chunks[-1]["kind"] == "engine_failure"
+        assert good.chunks[-1]["status"] == "ok"
+        assert "woke at once" in caplog.text
+    finally:
+        sched.stop()

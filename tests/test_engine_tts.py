@@ -146,3 +146,20 @@ def test_pacing_keeps_the_stream_near_real_time(pipeline):
         sent += size
     audio_seconds = sent / 48000
     assert arrivals[-1][0] - first >= audio_seconds - 0.5 - 0.25  # paced, not ~100x real time
+
+
+def test_unseeded_speech_leaves_the_noise_to_the_vocoder(pipeline):
+    """Without a seed the talker draws no noise (its step is cheaper before the first audio); the
+    vocoder draws each chunk's own: same length as seeded speech, speech-like, different each time."""
+    voice = pipeline.talker.caps.default_voice
+    text = "The quick brown fox jumps over the lazy dog."
+    unseeded = pipeline.talker.talk(voice, 0, text, 1.0, np.random.default_rng(), None, False, exact_noise=False)
+    assert all(f.noise is None for f in unseeded.acoustic)
+    assert all(s.noise_rng is not None for s in unseeded.segments)
+    seeded = synthesize(pipeline, text=text, seed=3)
+    runs = [synthesize(pipeline, text=text) for _ in range(2)]
+    pcm = [b"".join(c["pcm"] for c in chunks if c["type"] == "audio") for chunks in (seeded, *runs)]
+    assert len(pcm[1]) == len(pcm[2]) == len(pcm[0])  # durations come from the network, not the noise
+    assert pcm[1] != pcm[2]
+    rms = [float(np.sqrt(np.mean((np.frombuffer(p, "<i2") / 32768.0) ** 2))) for p in pcm]
+    assert max(rms) < 1.15 * min(rms)

@@ -32,6 +32,9 @@ METRIC_NAMES = {
     "omniweb_time_to_first_audio_seconds",
     "omniweb_errors",  # exposed as omniweb_errors_total
     "omniweb_worker_up",
+    "omniweb_video_first_text_seconds",
+    "omniweb_video_first_audio_seconds",
+    "omniweb_video_turn_seconds",
 }
 
 
@@ -157,7 +160,7 @@ async def test_a_speech_session_is_measured(connect):
     stream_before = sample("omniweb_time_to_first_audio_seconds_count", mode="stream")
     file_before = sample("omniweb_time_to_first_audio_seconds_count", mode="file")
     open_before = sample("omniweb_sessions_open", endpoint=SPEECH_PATH)
-    protocol_before = sample("omniweb_errors_total", kind="protocol")
+    client_before = sample("omniweb_errors_total", kind="client_error")
 
     comm = await session(connect, response_format="pcm", stream_audio=True, split_granularity="sentence")
     assert sample("omniweb_sessions_open", endpoint=SPEECH_PATH) == open_before + 1
@@ -172,7 +175,7 @@ async def test_a_speech_session_is_measured(connect):
     await comm.send_json_to({"type": "no.such.message"})
     t = await speak(comm, "")  # flush nothing: session.done after the error
     assert len(t.errors) == 1
-    assert sample("omniweb_errors_total", kind="protocol") == protocol_before + 1
+    assert sample("omniweb_errors_total", kind="client_error") == client_before + 1
 
     families = await scrape()
     assert value(families, "omniweb_sessions_open", endpoint=SPEECH_PATH) == open_before + 1
@@ -196,13 +199,15 @@ async def test_a_session_closed_by_the_server_is_counted_down_once(connect):
     assert sample("omniweb_sessions_open", endpoint=SPEECH_PATH) == open_before
 
 
-def test_error_messages_are_classified():
-    assert metrics.error_kind("Generation failed for utterance 0, sentence 2") == "generation"
-    assert metrics.error_kind("server is at capacity; retry shortly") == "busy"
-    assert metrics.error_kind("Timeout waiting for session.config") == "timeout"
-    assert metrics.error_kind("Idle timeout: no message received") == "timeout"
-    assert metrics.error_kind("Client is not reading: over 8388608 bytes queued; session closed") == "stalled"
-    assert metrics.error_kind("Unknown message type: x") == "protocol"
+def test_errors_are_counted_by_the_kind_they_carry_not_their_text():
+    before = {kind: sample("omniweb_errors_total", kind=kind) for kind in metrics.ERROR_KINDS}
+    metrics.count_error_message({"type": "error", "message": "Generation failed", "kind": "upstream_failure"})
+    metrics.count_error_message({"type": "error", "message": "at capacity", "kind": "capacity"})
+    metrics.count_error_message({"type": "error", "message": "Idle timeout"})  # no kind: the client's
+    metrics.count_error_message({"type": "audio.done"})
+    after = {kind: sample("omniweb_errors_total", kind=kind) for kind in metrics.ERROR_KINDS}
+    changed = {kind: after[kind] - before[kind] for kind in after if after[kind] != before[kind]}
+    assert changed == {"upstream_failure": 1, "capacity": 1, "client_error": 1}
 
 
 # -- Redis mode --------------------------------------------------------------------------------------

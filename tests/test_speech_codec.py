@@ -501,7 +501,12 @@ async def test_a_failing_stream_reports_the_error_without_eos(faulty_engine, fai
     assert s.start["sentence_index"] == 0 and s.start["sentence_text"] == (FOX if sent else "")
     partial = {"partial_audio": True, "action": "discard"} if sent else {}
     assert t.of_type("error") == [
-        {"type": "error", "message": "Codec stream failed for utterance 0, sentence 0", **partial}
+        {
+            "type": "error",
+            "message": "Codec stream failed for utterance 0, sentence 0",
+            "kind": "engine_failure",
+            **partial,
+        }
     ]
     assert s.done == {
         "type": "codec.done",
@@ -532,6 +537,7 @@ async def test_codec_modes_are_refused_at_flush_when_the_table_is_bad(connect, m
     comm = await session(connect, **fields)
     t = await speak(comm, FOX)
     assert t.errors == [message]
+    assert t.of_type("error")[0]["kind"] == "engine_failure"  # the server's table, not the client's ask
     assert t.types == ["error", "session.done"]
     assert t.json[-1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 0}
     blank = await speak(comm, [])  # a blank flush has nothing to refuse

@@ -91,7 +91,7 @@ async def test_full_session_with_a_spoken_question(server):
             4,
         )
         await ws.send(json.dumps({"type": "video.frame", "data": padded + "AAAA", "frame_id": "huge"}))
-        assert await recv() == {"type": "error", "message": "Frame too large"}
+        assert await recv() == {"type": "error", "message": "Frame too large", "kind": "client_error"}
 
         half = len(question_audio) // 4 * 2
         await ws.send(json.dumps({"type": "audio.chunk", "data": base64.b64encode(question_audio[:half]).decode()}))

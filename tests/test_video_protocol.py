@@ -219,7 +219,7 @@ def test_audio_delta_is_a_24khz_mono_wav() -> None:
 
 
 def test_small_messages() -> None:
-    assert protocol.error("x") == {"type": "error", "message": "x"}
+    assert protocol.error("x") == {"type": "error", "message": "x", "kind": "client_error"}
     assert protocol.response_start() == {"type": "response.start"}
     assert protocol.text_delta("Hi") == {"type": "response.text.delta", "delta": "Hi"}
     assert protocol.text_done("Hi.") == {"type": "response.text.done", "text": "Hi."}

@@ -395,5 +395,9 @@ async def test_inbound_queue_is_bounded(connect, monkeypatch):
         msg = await receive_json(comm)
     finally:
         release.set()
-    assert msg == {"type": "error", "message": "Too many messages queued: the session cannot keep up; session closed"}
+    assert msg == {
+        "type": "error",
+        "message": "Too many messages queued: the session cannot keep up; session closed",
+        "kind": "client_error",
+    }
     await expect_close(comm)

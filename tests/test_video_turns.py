@@ -18,6 +18,7 @@ from conftest import Transcript, expect_close, expect_error, receive_json, recei
 from scipy.signal import resample_poly
 from test_video_session import ack, b64, frame, jpeg, sync, video
 
+from omniweb import metrics
 from omniweb.engine import client as engine_client
 from omniweb.engine import dispatch
 
@@ -97,6 +98,22 @@ async def test_text_and_audio_turn_order(connect):
     assert types[-1] == "response.audio.done"
     assert t.errors == []
     await sync(comm)  # the session goes on
+
+
+async def test_a_turn_is_measured_first_text_first_audio_and_duration(connect):
+    names = ("omniweb_video_first_text_seconds", "omniweb_video_first_audio_seconds")
+    before = [metrics.REGISTRY.get_sample_value(f"{n}_count") or 0.0 for n in names]
+    turns_before = metrics.REGISTRY.get_sample_value("omniweb_video_turn_seconds_count", {"outcome": "ok"}) or 0.0
+    comm = await video(connect)
+    await scene_frames(comm)
+    await comm.send_json_to({"type": "video.query", "text": QUESTION})
+    t = await collect_turn(comm)
+    assert t.errors == []
+    after = [metrics.REGISTRY.get_sample_value(f"{n}_count") for n in names]
+    assert after == [b + 1 for b in before]  # once per turn, not per delta
+    assert metrics.REGISTRY.get_sample_value("omniweb_video_turn_seconds_count", {"outcome": "ok"}) == turns_before + 1
+    first_text = metrics.REGISTRY.get_sample_value("omniweb_video_first_text_seconds_sum")
+    assert first_text is not None and first_text > 0
 
 
 async def test_frames_consumed_lists_the_sampled_frames(connect):
@@ -385,13 +402,25 @@ async def test_failure_after_audio_started_still_ends_the_audio(connect, monkeyp
     assert len(t.of_type("response.audio.delta")) == 1
 
 
+def sample(name: str, **labels: str) -> float:
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 async def test_failure_sends_error_then_text_done_without_exception_text(connect, failing_engine):
+    engine_before = sample("omniweb_errors_total", kind="engine_failure")
+    client_before = sample("omniweb_errors_total", kind="client_error")
+    failed_before = sample("omniweb_video_turn_seconds_count", outcome="error")
     comm = await video(connect)
     await scene_frames(comm)
     await comm.send_json_to({"type": "video.query", "text": QUESTION})
     t = await receive_until(comm, is_type("response.text.done"), 30)
     assert t.types[0] == "response.start"
     assert t.errors == ["Query processing failed"]
+    assert t.of_type("error")[0]["kind"] == "engine_failure"
+    # A server failure is counted as one, not as a client's protocol error.
+    assert sample("omniweb_errors_total", kind="engine_failure") == engine_before + 1
+    assert sample("omniweb_errors_total", kind="client_error") == client_before
+    assert sample("omniweb_video_turn_seconds_count", outcome="error") == failed_before + 1
     assert t.types.index("error") < t.types.index("response.text.done")
     assert "secret" not in json.dumps(t.json)
     assert t.of_type("response.text.done")[0]["text"] == "".join(d["delta"] for d in t.of_type("response.text.delta"))
@@ -403,7 +432,12 @@ def busy_engine(monkeypatch) -> None:
     for cls in (engine_client.LocalEngineClient, dispatch.ChannelEngineClient):
 
         async def busy(self, request, request_id=None):
-            yield {"type": "end", "status": "busy", "message": "server is at capacity; retry shortly"}
+            yield {
+                "type": "end",
+                "status": "busy",
+                "kind": "capacity",
+                "message": "server is at capacity; retry shortly",
+            }
 
         monkeypatch.setattr(cls, "stream", busy)
 
@@ -415,6 +449,7 @@ async def test_engine_at_capacity(connect, busy_engine):
     t = await receive_until(comm, is_type("response.text.done"))
     assert t.types == ["response.start", "error", "response.text.done"]
     assert t.errors == ["server is at capacity; retry shortly"]
+    assert t.of_type("error")[0]["kind"] == "capacity"
     assert t.of_type("response.text.done")[0]["text"] == ""
 
 

@@ -199,3 +199,26 @@ def test_numpy_backend_bit_identical_to_synth(outputs: list[tuple[np.ndarray, ..
         while not stream.done:
             parts.append(stream.run_chunk(*stream.plan(chunk or arrs[5].shape[0]), backend=backend))
         assert np.array_equal(np.concatenate(parts), ref)
+
+
+@pytest.mark.parametrize("chunks", [(1,), (6, 16), (1000,)])
+def test_noise_drawn_per_chunk_does_not_depend_on_the_chunking(outputs, chunks):
+    """Unseeded requests: the noise comes frame-major from the request's generator as each chunk
+    runs; the audio is exactly what noise drawn up front in that order gives, however it is cut."""
+    arrs = outputs[1]
+    n = arrs[5].shape[0]
+    upfront = np.random.default_rng(9).standard_normal((n, 2 * N_BINS), dtype=np.float32).view(np.complex64)
+    expected = VocoderStream(AcousticFrames(*arrs, noise=np.ascontiguousarray(upfront.T))).run_chunk(0, n)
+    stream = VocoderStream(AcousticFrames(*arrs), noise_rng=np.random.default_rng(9))
+    assert stream.frames.noise is None
+    parts, sizes = [], iter(chunks)
+    size = next(sizes)
+    while not stream.done:
+        parts.append(stream.run_chunk(*stream.plan(size)))
+        size = next(sizes, size)
+    assert np.array_equal(np.concatenate(parts), expected)
+
+
+def test_frames_without_noise_need_a_generator(outputs):
+    with pytest.raises(ValueError, match="without noise"):
+        VocoderStream(AcousticFrames(*outputs[0]))

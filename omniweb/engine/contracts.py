@@ -23,17 +23,6 @@ class ShapeSignature:
     dims: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
-class ResourceEstimate:
-    """What a step is expected to cost, for placing work on devices by size.
-
-    Carried with every plan; today's scheduler orders by deadline alone and does not read it.
-    """
-
-    compute_seconds: float = 0.0
-    resident_bytes: int = 0
-
-
 @dataclass
 class StepResult:
     """A step's output for ``advance`` plus the stream chunks it produced for the client."""
@@ -49,6 +38,9 @@ class WorkPlan:
 
     ``run`` computes the step alone; ``batch_run`` (shared by all plans of one shape signature)
     computes several plans' steps in one call and returns one ``StepResult`` per plan, in order.
+    ``batch_run`` must be all or nothing: when it raises, no plan's state may have changed,
+    because the scheduler then runs each plan alone to find the one that fails and ends only
+    its request.
     ``emits`` names the client streams the step feeds, so the scheduler can favour steps the
     listener is waiting for. ``due`` says when the step's output is needed, as a position (seconds)
     on the request's media timeline: a vocoder chunk is due where the audio sent so far ends; the
@@ -57,7 +49,6 @@ class WorkPlan:
 
     kind: str
     shape: ShapeSignature
-    estimate: ResourceEstimate
     run: Callable[[], StepResult]
     emits: tuple[str, ...] = ()
     payload: Any = None
@@ -78,12 +69,28 @@ class Waiting:
     __slots__ = ()
 
 
+Wake = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class WaitFor:
+    """Returned by ``next`` when the loop waits on something outside the engine (an HTTP stream).
+
+    The scheduler calls ``subscribe(wake)`` once and steps nothing of the loop until ``wake()``
+    is called, from any thread, when the loop has work again; no worker is held meanwhile.
+    ``subscribe`` must call ``wake`` itself (at once) when the loop is already ready, so that
+    nothing that arrived before the subscription is missed, and must not block.
+    """
+
+    subscribe: Callable[[Wake], None]
+
+
 DONE = Done()
 WAITING = Waiting()
 
 
 class Loop(Protocol, Generic[StateT]):
-    """init(request, slots) → state; next(state) → plan | DONE | WAITING; advance; finalize.
+    """init(request, slots) → state; next(state) → plan | DONE | WAITING | WaitFor; advance; finalize.
 
     ``slots`` is one dict per request shared by that request's loops: how an upstream loop (the
     talker) hands its output to a downstream one (the vocoder). ``next`` and ``advance`` run under
@@ -94,7 +101,7 @@ class Loop(Protocol, Generic[StateT]):
 
     def init(self, request: dict[str, Any], slots: dict[str, Any]) -> StateT: ...
 
-    def next(self, state: StateT) -> WorkPlan | Done | Waiting: ...
+    def next(self, state: StateT) -> WorkPlan | Done | Waiting | WaitFor: ...
 
     def advance(self, state: StateT, result: StepResult) -> None: ...
 

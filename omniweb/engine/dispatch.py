@@ -24,6 +24,8 @@ from typing import Any
 import msgpack
 from channels.exceptions import ChannelFull
 
+from omniweb.errors import CAPACITY_MESSAGE, ErrorKind, engine_end
+
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 1_000_000  # channels_redis' documented limit per message
@@ -90,10 +92,6 @@ def restore_blobs(request: Any, blobs: dict[str, bytes]) -> Any:
     return request
 
 
-def _end(status: str, message: str) -> dict[str, Any]:
-    return {"type": "end", "status": status, "message": message}
-
-
 class ChannelEngineClient:
     """``EngineClient`` over a channel layer (channels_redis): same messages as the local one."""
 
@@ -114,7 +112,7 @@ class ChannelEngineClient:
         if self._redis_url:
             request, blobs = offload_blobs(request, f"{BLOB_KEY_PREFIX}{rid}:")
         if sum(map(len, blobs.values())) > MAX_REQUEST_BYTES:
-            yield _end("invalid", "request too large for the engine channel")
+            yield engine_end(ErrorKind.CLIENT, "request too large for the engine channel")
             return
         reply = await self._layer.new_channel()  # same Redis list as the consumer's own channel: one reader serves both
         submit = {
@@ -126,7 +124,7 @@ class ChannelEngineClient:
             "accept_timeout": self._accept_timeout,
         }
         if message_size(submit) > MAX_MESSAGE_BYTES:
-            yield _end("invalid", "request too large for the engine channel")
+            yield engine_end(ErrorKind.CLIENT, "request too large for the engine channel")
             return
         self._owners[rid] = None  # from here on an abort is remembered until the owner is known
         ended = False
@@ -137,12 +135,12 @@ class ChannelEngineClient:
                 await self._layer.send(self._channel, submit)
             except ChannelFull:
                 ended = True
-                yield _end("busy", "server is at capacity; retry shortly")
+                yield engine_end(ErrorKind.CAPACITY, CAPACITY_MESSAGE)
                 return
             except Exception:
                 logger.exception("cannot reach the channel layer to submit %s", rid)
                 ended = True
-                yield _end("error", "engine unreachable")
+                yield engine_end(ErrorKind.UNREACHABLE, "engine unreachable")
                 return
             timeout = self._accept_timeout
             while True:
@@ -152,12 +150,16 @@ class ChannelEngineClient:
                     lost = self._owners.get(rid) is not None
                     logger.warning("request %s: %s", rid, "worker lost" if lost else "no worker accepted it")
                     ended = True
-                    yield _end("error", "engine worker lost" if lost else "no engine worker available")
+                    yield (
+                        engine_end(ErrorKind.WORKER_LOST, "engine worker lost")
+                        if lost
+                        else engine_end(ErrorKind.UNREACHABLE, "no engine worker available")
+                    )
                     return
                 except Exception:
                     logger.exception("channel layer failed while streaming %s", rid)
                     ended = True
-                    yield _end("error", "engine connection lost")
+                    yield engine_end(ErrorKind.UNREACHABLE, "engine connection lost")
                     return
                 if msg.get("request_id") != rid:
                     continue

@@ -12,12 +12,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .contracts import DONE, WAITING, Loop, Pipeline, StepResult, WorkPlan
+from omniweb.errors import EngineError, ErrorKind, engine_end, kind_of
+
+from .contracts import DONE, WAITING, Loop, Pipeline, StepResult, WaitFor, WorkPlan
 
 logger = logging.getLogger(__name__)
 
@@ -28,10 +31,15 @@ STREAM_GUARD = 0.1  # seconds: a playing stream this close to running dry outran
 # worker (with two or more), and waits while a real-time request is still before its first audio, so
 # a real-time arrival neither waits for a batch step nor shares the machine with new ones.
 BATCH_PRIORITY = "batch"
+MAX_INSTANT_WAKES = 8  # a WaitFor woken at once this many times in a row without a plan is a loop bug
 
 
 class AdmissionError(RuntimeError):
-    """The engine's queue is full; the request was not accepted."""
+    """The engine's queue is full (or the engine is stopped); the request was not accepted."""
+
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.CAPACITY) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(eq=False)
@@ -39,7 +47,8 @@ class _Entry:
     loop: Loop[Any]
     state: Any
     plan: WorkPlan | None = None
-    waiting: bool = False
+    waiting: bool = False  # on an upstream loop of the same request: re-polled after its steps
+    io_wait: bool = False  # on outside I/O (``WaitFor``): re-polled only when woken
     busy: bool = False
     done: bool = False
 
@@ -159,7 +168,7 @@ class Scheduler:
             self._cond.notify_all()
         for job in jobs:
             self._release(job)
-            self._emit(job, {"type": "end", "status": "error", "message": "engine stopped"})
+            self._emit(job, engine_end(ErrorKind.ENGINE, "engine stopped"))
         for t in self._threads:
             t.join(timeout=5)
         self._threads = []
@@ -174,7 +183,7 @@ class Scheduler:
         job = _Job(request_id=request_id, request=request, pipeline=pipeline, sink=sink)
         with self._cond:
             if not self._running:
-                raise AdmissionError("engine is not running")
+                raise AdmissionError("engine is not running", ErrorKind.UNREACHABLE)
             if request_id in self._active or any(j.request_id == request_id for j in self._queued):
                 raise ValueError(f"duplicate request id {request_id!r}")
             if len(self._active) < self._max_active:
@@ -223,7 +232,7 @@ class Scheduler:
         except Exception:
             logger.exception("init failed for request %s", job.request_id)
             job.finished = True
-            self._emit(job, {"type": "end", "status": "error", "message": "request could not be started"})
+            self._emit(job, engine_end(ErrorKind.ENGINE, "request could not be started"))
             return
         self._active[job.request_id] = job
         self._finish_if_done(job)  # a request with nothing to do (blank text) ends at once
@@ -235,14 +244,27 @@ class Scheduler:
     def _poll(self, job: _Job) -> bool:
         """Ask idle loops for their next step; False (and the request failed) if a loop raised."""
         for e in job.entries:
-            if e.busy or e.done or e.plan is not None or e.waiting:
+            if e.busy or e.done or e.plan is not None or e.waiting or e.io_wait:
                 continue
             try:
                 nxt = e.loop.next(e.state)
-            except Exception:
+                for _ in range(MAX_INSTANT_WAKES):
+                    if not isinstance(nxt, WaitFor):
+                        break
+                    e.io_wait = True
+                    nxt.subscribe(self._waker(job, e))  # may wake at once (the lock is reentrant)
+                    if e.io_wait:
+                        break
+                    nxt = e.loop.next(e.state)  # woken at once: its input is already there
+                else:
+                    if isinstance(nxt, WaitFor):  # a loop that waits for what it already has: a bug
+                        raise RuntimeError(f"{e.loop.name} woke at once {MAX_INSTANT_WAKES} times without work")
+            except Exception as exc:
                 logger.exception("next() failed for request %s", job.request_id)
-                self._fail(job)
+                self._fail(job, kind_of(exc))
                 return False
+            if isinstance(nxt, WaitFor):
+                continue
             if nxt is DONE:
                 e.done = True
             elif nxt is WAITING:
@@ -250,6 +272,24 @@ class Scheduler:
             else:
                 e.plan = nxt  # type: ignore[assignment]
         return True
+
+    def _waker(self, job: _Job, entry: _Entry) -> Callable[[], None]:
+        """The wake-up for one ``WaitFor``: callable from any thread, any number of times.
+
+        It holds the job and the entry weakly, so a subscription kept by an outside party (the
+        upstream reader thread) never keeps an ended request's state alive.
+        """
+        job_ref, entry_ref = weakref.ref(job), weakref.ref(entry)
+
+        def wake() -> None:
+            with self._cond:
+                j, e = job_ref(), entry_ref()
+                if j is None or e is None or j.finished or not e.io_wait:
+                    return
+                e.io_wait = False
+                self._cond.notify_all()
+
+        return wake
 
     def _pick(self) -> list[tuple[_Job, _Entry]]:
         ready: list[tuple[tuple[bool, float, int], _Job, _Entry]] = []
@@ -260,6 +300,9 @@ class Scheduler:
         )
         for job in list(self._active.values()):  # a failing loop leaves the table mid-iteration
             if not self._poll(job):
+                continue
+            if all(e.done for e in job.entries):  # a woken loop found its input ended: no step left
+                self._finish_if_done(job)
                 continue
             for e in job.entries:
                 if e.plan is None or e.busy or not job.ready(e.plan) or (job.batch and batch_full):
@@ -283,36 +326,39 @@ class Scheduler:
             for _, other_job, other in ready[1:]:  # most urgent first
                 if len(batch) >= self._max_batch:
                     break
-                if other.plan is not None and other.plan.shape == plan.shape:
-                    batch.append((other_job, other))
+                if other.plan is None or other.plan.shape != plan.shape:
+                    # Work of another shape is more urgent than the rest: batching those would run
+                    # them ahead of it (a burst's first audio behind streams that are far ahead).
+                    break
+                batch.append((other_job, other))
         return batch
 
     def _finish_if_done(self, job: _Job) -> None:
         if job.finished or job.busy() or not self._poll(job):
             return
         if not all(e.done for e in job.entries):
-            if not any(e.plan is not None or e.busy for e in job.entries):
+            if not any(e.plan is not None or e.busy or e.io_wait for e in job.entries):
                 # Every loop waits on another: a pipeline bug, not something to hang a client on.
                 logger.error("request %s deadlocked: all loops waiting", job.request_id)
                 self._fail(job)
             return
         try:
             final = job.pipeline.finish([e.loop.finalize(e.state) for e in job.entries])
-        except Exception:
+        except Exception as exc:
             logger.exception("finalize failed for request %s", job.request_id)
-            self._fail(job)
+            self._fail(job, kind_of(exc))
             return
         job.finished = True
         self._active.pop(job.request_id, None)
         self._promote()
         self._emit(job, {"type": "end", "status": "ok", **final})
 
-    def _fail(self, job: _Job) -> None:
+    def _fail(self, job: _Job, kind: ErrorKind = ErrorKind.ENGINE, message: str = "generation failed") -> None:
         job.finished = True
         self._active.pop(job.request_id, None)
         self._promote()
         self._release(job)
-        self._emit(job, {"type": "end", "status": "error", "message": "generation failed"})
+        self._emit(job, engine_end(kind, message))
 
     @staticmethod
     def _release(job: _Job) -> None:
@@ -353,7 +399,7 @@ class Scheduler:
                 self._running_steps += len(batch)
                 batch_worker = batch[0][0].batch  # the most urgent is batch: nothing real-time is ready
                 self._batch_workers += batch_worker
-            results, error = self._run(plans)  # device work: outside the lock
+            results, errors = self._run(plans)  # device work: outside the lock
             with self._cond:
                 self._running_steps -= len(batch)
                 self._batch_workers -= batch_worker
@@ -367,17 +413,18 @@ class Scheduler:
                     e.busy = False
                     if job.finished:
                         continue  # cancelled while the step ran: drop its output
-                    if error is not None:
-                        logger.error("step %s of %s failed: %s", plans[i].label, job.request_id, error)
-                        self._fail(job)
+                    error, result = errors[i], results[i]
+                    if error is not None or result is None:
+                        logger.error("step %s of %s failed: %r", plans[i].label, job.request_id, error)
+                        self._fail(job, *_failure(error))
                         continue
                     try:
-                        e.loop.advance(e.state, results[i])
-                    except Exception:
+                        e.loop.advance(e.state, result)
+                    except Exception as exc:
                         logger.exception("advance failed for request %s", job.request_id)
-                        self._fail(job)
+                        self._fail(job, kind_of(exc))
                         continue
-                    self._deliver(job, results[i])
+                    self._deliver(job, result)
                     for other in job.entries:  # upstream progress may unblock a waiting loop
                         other.waiting = False
                     self._finish_if_done(job)
@@ -415,15 +462,38 @@ class Scheduler:
             self._emit(job, chunk)
 
     @staticmethod
-    def _run(plans: Sequence[WorkPlan | None]) -> tuple[list[StepResult], BaseException | None]:
-        try:
-            first = plans[0]
-            assert first is not None
-            if len(plans) > 1 and first.batch_run is not None:
+    def _run(plans: Sequence[WorkPlan | None]) -> tuple[list[StepResult | None], list[BaseException | None]]:
+        """Run the plans; one result or one error per plan, so a fault stays with its own request.
+
+        A batch that raises is run again one plan at a time (``batch_run`` changes nothing when it
+        raises), so only the plan that fails alone ends its request; the others get their results.
+        """
+        first = plans[0]
+        assert first is not None
+        if len(plans) > 1 and first.batch_run is not None:
+            try:
                 results = first.batch_run(plans)  # type: ignore[arg-type]
-            else:
-                results = [p.run() for p in plans]  # type: ignore[union-attr]
-            return results, None
-        except Exception as exc:  # reported per job by the caller; the worker lives on
-            logger.exception("work unit failed")
-            return [], exc
+                if len(results) != len(plans):
+                    raise RuntimeError(f"batch_run returned {len(results)} results for {len(plans)} plans")
+                return list(results), [None] * len(plans)
+            except Exception:
+                logger.exception("batched %s step of %d failed; running its plans alone", first.kind, len(plans))
+        out: list[StepResult | None] = []
+        errors: list[BaseException | None] = []
+        for plan in plans:
+            assert plan is not None
+            try:
+                out.append(plan.run())
+                errors.append(None)
+            except Exception as exc:  # reported per job by the caller; the worker lives on
+                logger.exception("work unit %s failed", plan.label or plan.kind)
+                out.append(None)
+                errors.append(exc)
+        return out, errors
+
+
+def _failure(exc: BaseException | None) -> tuple[ErrorKind, str]:
+    """The kind and client-safe message for a failed step: the step's own when it chose them."""
+    if isinstance(exc, EngineError):
+        return exc.kind, exc.client_message or "generation failed"
+    return (ErrorKind.ENGINE if exc is None else kind_of(exc)), "generation failed"

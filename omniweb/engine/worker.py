@@ -25,8 +25,10 @@ from channels.exceptions import ChannelFull
 from channels.worker import Worker
 from django.conf import settings
 
+from omniweb.errors import ErrorKind, engine_end
 from omniweb.metrics import WORKER_KEY_PREFIX, serve_worker_metrics, worker_record
 
+from .client import admission_end
 from .dispatch import (
     HEARTBEAT_SECONDS,
     WORKER_BEAT_SECONDS,
@@ -113,10 +115,10 @@ class EngineWorkerConsumer(AsyncConsumer):
             if request is None:
                 raise ValueError("request data could not be read (expired or Redis unavailable); retry")
             scheduler.submit(rid, request, sink)
-        except AdmissionError:
-            queue.put_nowait({"type": "end", "status": "busy", "message": "server is at capacity; retry shortly"})
+        except AdmissionError as exc:
+            queue.put_nowait(admission_end(exc))
         except ValueError as exc:
-            queue.put_nowait({"type": "end", "status": "invalid", "message": str(exc)})
+            queue.put_nowait(engine_end(ErrorKind.CLIENT, str(exc)))
         task = asyncio.ensure_future(self._forward(rid, reply, queue))
         _forwarders.add(task)  # keep a reference until it is done
         task.add_done_callback(_forwarders.discard)

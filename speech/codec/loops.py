@@ -31,7 +31,6 @@ from omniweb.engine.contracts import (
     DONE,
     WAITING,
     Done,
-    ResourceEstimate,
     ShapeSignature,
     StepResult,
     Waiting,
@@ -220,7 +219,6 @@ class CodecEncoderLoop:
         return WorkPlan(
             kind="codec_encoder",
             shape=ShapeSignature("codec_encoder", (stop - start,)),
-            estimate=ResourceEstimate(compute_seconds=2e-5 * (stop - start), resident_bytes=0),
             run=lambda: self._run(packet),
             emits=("codes",) if state.emit else (),
             payload=packet,
@@ -351,7 +349,6 @@ class CodecVocoderLoop:
         return WorkPlan(
             kind="codec_vocoder",
             shape=ShapeSignature("codec_vocoder", (stop - start,)),
-            estimate=ResourceEstimate(compute_seconds=4e-5 * (stop - start), resident_bytes=0),
             run=lambda: _decode([chunk])[0],
             emits=("audio",),
             payload=chunk,

@@ -23,11 +23,11 @@ import numpy as np
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from omniweb.devices import torch_device
 from omniweb.engine.contracts import (
     DONE,
     WAITING,
     Done,
-    ResourceEstimate,
     ShapeSignature,
     StepResult,
     Waiting,
@@ -83,6 +83,7 @@ class TalkerState:
     voice: str
     speed: float
     rng: np.random.Generator
+    exact_noise: bool  # seeded: hibari's own noise draw, so the audio is reproducible bit for bit
     max_frames: int | None
     frames_left: int | None  # max_frames_scope "request": what the request's cap leaves
     timestamps: bool
@@ -115,6 +116,7 @@ class TalkerLoop:
             voice=request.get("voice") or self._talker.caps.default_voice,
             speed=float(request.get("speed") or 1.0),
             rng=resume_rng(request.get("seed"), request.get("rng_state")),
+            exact_noise=request.get("seed") is not None,
             max_frames=request.get("max_frames"),
             frames_left=request.get("max_frames") if request.get("max_frames_scope") == "request" else None,
             timestamps=bool(request.get("timestamps")),
@@ -142,14 +144,21 @@ class TalkerLoop:
 
         def run() -> StepResult:
             out = self._talker.talk(
-                state.voice, index, text, state.speed, state.rng, cap, state.timestamps, self._vocode
+                state.voice,
+                index,
+                text,
+                state.speed,
+                state.rng,
+                cap,
+                state.timestamps,
+                self._vocode,
+                exact_noise=state.exact_noise,
             )
             return StepResult(output=out)
 
         return WorkPlan(
             kind="talker",
             shape=ShapeSignature("talker"),
-            estimate=ResourceEstimate(compute_seconds=2e-4 * len(text), resident_bytes=12_000 * len(text)),
             run=run,
             label=f"talker.sentence{state.next_index}",
             due=max(0.0, state.synthesized_seconds - TALKER_LEAD_SECONDS),
@@ -240,8 +249,9 @@ class VocoderLoop:
         )
         plan = WorkPlan(
             kind="vocoder",
-            shape=ShapeSignature("vocoder", (stop - start,)),
-            estimate=ResourceEstimate(compute_seconds=4e-5 * (stop - start), resident_bytes=0),
+            # Chunks of any length stack into one call (the spectral step is per frame), so all of a
+            # step's vocoder chunks share one signature: batches are not cut by a short last chunk.
+            shape=ShapeSignature("vocoder"),
             run=lambda: _results([chunk])[0],
             emits=("audio",),
             payload=chunk,
@@ -311,15 +321,15 @@ def vocoder_backend() -> SpectralBackend | None:
 
     On the CPU numpy is both faster than torch here and bit-identical to hibari (bench/batching.py).
     """
-    device = settings.DEVICE.lower()
-    if not device.startswith("cuda"):
+    device = torch_device("vocoder")  # OMNIWEB_VOCODER_DEVICE, else OMNIWEB_DEVICE
+    if device == "cpu":
         return None
     from .vocoder_torch import TorchBackend
 
     try:
         return TorchBackend(device)
     except ValueError as exc:
-        raise ImproperlyConfigured(f"OMNIWEB_DEVICE={settings.DEVICE!r}: {exc}") from exc
+        raise ImproperlyConfigured(f"vocoder device {device!r}: {exc}") from exc
 
 
 def validate_voice(request: dict[str, Any], talker: HibariTalker) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from omniweb.devices import device_for
 from speech.protocol import Capabilities, available_formats
 from speech.text import align_words, model_text
 
@@ -74,20 +75,21 @@ def capabilities() -> Capabilities:
     )
 
 
-def _providers() -> list[str]:
+def _providers() -> list[str | tuple[str, dict[str, str]]]:
+    """onnxruntime providers for the talker's device (``OMNIWEB_TTS_DEVICE``, else ``OMNIWEB_DEVICE``)."""
     import onnxruntime as ort
 
-    device = settings.DEVICE.lower()
-    if device == "cpu":
+    kind, index = device_for("tts")
+    if kind == "cpu":
         return ["CPUExecutionProvider"]
-    if device.startswith("cuda"):
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise ImproperlyConfigured(
-                "OMNIWEB_DEVICE=cuda but this onnxruntime build has no CUDA provider "
-                "(install onnxruntime-gpu on GPU hosts)"
-            )
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    raise ImproperlyConfigured(f"OMNIWEB_DEVICE must be 'cpu' or 'cuda', not {settings.DEVICE!r}")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise ImproperlyConfigured(
+            "the talker's device is cuda but this onnxruntime build has no CUDA provider "
+            "(install requirements-gpu.txt, with onnxruntime-gpu, on GPU hosts)"
+        )
+    if hasattr(ort, "preload_dlls"):  # the CUDA/cuDNN libraries from the nvidia-* wheels, before a session
+        ort.preload_dlls()
+    return [("CUDAExecutionProvider", {"device_id": str(index)}), "CPUExecutionProvider"]
 
 
 class HibariTalker:
@@ -124,11 +126,15 @@ class HibariTalker:
         max_frames: int | None,
         timestamps: bool,
         vocode: bool = True,
+        exact_noise: bool = True,
     ) -> SentenceFrames:
         """Synthesize one sentence's acoustic frames; noise is drawn in order from the request's rng.
 
         ``vocode=False`` (the codec path) skips what only hibari's vocoder needs: the noise draw and
-        the excitation, about a fifth of a talker step.
+        the excitation, about a fifth of a talker step. ``exact_noise=False`` (unseeded requests,
+        whose noise nobody can reproduce anyway) leaves the noise to the vocoder, which draws each
+        chunk's frames from ``rng`` when it runs them: the same distribution, but the draw (about a
+        tenth of a talker step) is no longer paid before a sentence's first audio.
         """
         hib = self._hibari[voice]
         sess = self._sessions[voice]
@@ -151,10 +157,10 @@ class HibariTalker:
                 budget -= n
             if n == 0:
                 continue
-            noise = draw_noise(rng, n) if vocode else None
+            noise = draw_noise(rng, n) if vocode and exact_noise else None
             frames = AcousticFrames(lh[:, :n], th[:, :n], ln[:, :n], lr[:, :n], phi[:, :n], f0[:n], noise)
-            if vocode:
-                stream = VocoderStream(frames)  # built here, on the worker, not under the scheduler's lock
+            if vocode:  # built here, on the worker, not under the scheduler's lock
+                stream = VocoderStream(frames, noise_rng=None if exact_noise else rng)
                 segments.append(stream)
                 frames = stream.frames  # the stream's copy: the segment is not held twice
             acoustic.append(frames)

@@ -85,19 +85,24 @@ class VocoderStream:
     per-frame spectra, is done per chunk.
     """
 
-    def __init__(self, frames: AcousticFrames) -> None:
-        if frames.noise is None:
+    def __init__(self, frames: AcousticFrames, noise_rng: np.random.Generator | None = None) -> None:
+        """``noise_rng``: frames without noise get theirs drawn from it chunk by chunk, frame-major,
+        as each chunk runs (so only the frames a chunk needs are drawn before its audio)."""
+        if frames.noise is None and noise_rng is None:
             raise ValueError("frames drawn without noise cannot be vocoded")
+        self.noise_rng = noise_rng if frames.noise is None else None
         # Frame-major copies [F, 601] of the spectra and the noise, made once per segment here
         # (on the talker's worker), so a chunk's rows are one contiguous slice: gathering a
         # chunk's columns out of the bins-major [601, F] arrays at every chunk was ~40% of the
         # vocoder step's CPU time. ``self.frames`` holds the same values as transposed views of
         # these copies (same shapes), so the segment is not kept in memory twice; the caller's
         # ``frames`` is left as it is.
-        self._rows = {k: np.ascontiguousarray(getattr(frames, k).T) for k in _SPECTRA}
+        names = _SPECTRA if self.noise_rng is None else _SPECTRA[:-1]
+        self._rows = {k: np.ascontiguousarray(getattr(frames, k).T) for k in names}
         self.frames = AcousticFrames(**{k: v.T for k, v in self._rows.items()}, f0=frames.f0)
         self._n = frames.n_frames
         self._next = 0
+        self.device_state: object = None  # a device backend's copy of this segment (vocoder_torch)
         # windowed frames [max(0, next-3), next): what a later chunk still adds to
         self._tail = np.zeros((0, _K, HOP), np.float32)
         if self._n:
@@ -141,6 +146,16 @@ class VocoderStream:
         returns an empty array and changes nothing. ``backend``: as in run_chunks_batched.
         """
         return run_chunks_batched([(self, start, stop)], backend)[0]
+
+    def noise_rows(self, start: int, stop: int) -> np.ndarray:
+        """complex64 [stop - start, 601] noise of frames [start, stop): the drawn rows, or new ones.
+
+        New ones come frame-major from ``noise_rng`` in chunk order, so how the frames are cut into
+        chunks does not change which numbers a frame gets.
+        """
+        if self.noise_rng is None:
+            return self._rows["noise"][start:stop]
+        return self.noise_rng.standard_normal((stop - start, 2 * N_BINS), dtype=np.float32).view(np.complex64)
 
     # -- internals -------------------------------------------------------------------
     def _check(self, start: int, stop: int) -> None:
@@ -246,6 +261,8 @@ NUMPY_BACKEND = NumpyBackend()
 def _gather(items: list[tuple[VocoderStream, int, int]], name: str) -> np.ndarray:
     """Frames [start, stop) of every item, frame-major [sum n, 601], always a fresh copy (the
     backend may write it): the FFTs batch over rows."""
+    if name == "noise":
+        return np.concatenate([s.noise_rows(a, b) for s, a, b in items])
     return np.concatenate([s._rows[name][a:b] for s, a, b in items])
 
 
@@ -287,6 +304,9 @@ def run_chunks_batched(
             raise ValueError("a stream may appear only once per batch")
         seen.add(id(s))
         s._check(a, b)
+    run_batch = getattr(backend, "run_batch", None)
+    if run_batch is not None:  # a device backend that keeps the streams' state on its device
+        return run_batch(items)
     work = [(s, a, b) for s, a, b in items if b > a]
     frames = _spectral(work, backend or NUMPY_BACKEND) if work else np.zeros((0, dsp.N_FFT), np.float32)
     out: list[np.ndarray] = []

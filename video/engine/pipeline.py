@@ -30,13 +30,14 @@ from typing import Any
 
 from django.conf import settings
 
-from omniweb.engine.contracts import DONE, Done, ResourceEstimate, ShapeSignature, StepResult, Waiting, WorkPlan
+from omniweb.engine.contracts import DONE, Done, ShapeSignature, StepResult, WaitFor, Waiting, WorkPlan
+from omniweb.errors import ErrorKind
 from speech.tts.loops import TEXT_IN, TEXT_IN_DONE, TalkerLoop, VocoderLoop, validate_voice, vocoder_backend
 from speech.tts.model import HibariTalker
 from video.asr import Transcriber, Transcription
 
 from .sentences import SentenceStream
-from .thinkers import Frame, Thinker, ThinkerError, ThinkerRun, Turn, make_thinker
+from .thinkers import Frame, Thinker, ThinkerError, ThinkerRun, Turn, WaitableRun, make_thinker
 
 PIPELINE = "video.turn"
 MODALITIES = ("text", "audio")
@@ -83,11 +84,14 @@ class ThinkerLoop:
         listening = not question.strip() and bool(request.get("audio"))
         return ThinkerState(request=request, slots=slots, speak=speak, listening=listening)
 
-    def next(self, state: ThinkerState) -> WorkPlan | Done | Waiting:
+    def next(self, state: ThinkerState) -> WorkPlan | Done | Waiting | WaitFor:
         if state.done:
             return DONE
         if state.listening:
             return self._listen_plan(state)
+        run = state.run
+        if isinstance(run, WaitableRun) and run.pending():
+            return WaitFor(run.subscribe)  # nothing has arrived: hold no worker until it does
         return self._think_plan(state)
 
     def _listen_plan(self, state: ThinkerState) -> WorkPlan:
@@ -107,7 +111,6 @@ class ThinkerLoop:
         return WorkPlan(
             kind="asr",
             shape=ShapeSignature("asr"),
-            estimate=ResourceEstimate(compute_seconds=0.05 + len(audio) / 32_000 * 0.1),
             run=run,
             label="thinker.asr",
         )
@@ -142,7 +145,6 @@ class ThinkerLoop:
         return WorkPlan(
             kind="thinker",
             shape=ShapeSignature(f"thinker.{thinker.name}"),
-            estimate=ResourceEstimate(compute_seconds=0.01),
             run=run,
             label="thinker.step",
         )
@@ -248,5 +250,5 @@ class VideoTurnPipeline:
             out["transcript"] = thought["transcript"]
         if thought["error"] is not None:
             # The scheduler spreads these fields over its {"status": "ok"} end chunk.
-            out.update(status="error", message=thought["error"])
+            out.update(status="error", kind=ErrorKind.UPSTREAM.value, message=thought["error"])
         return out

@@ -9,8 +9,9 @@ frames with OpenCV) and ``upstream`` (an OpenAI-compatible chat-completions serv
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -54,6 +55,19 @@ class ThinkerRun(Protocol):
 
     def close(self) -> None:
         """Release what the run holds (an upstream HTTP stream); safe to call twice."""
+        ...
+
+
+@runtime_checkable
+class WaitableRun(Protocol):
+    """A run whose text comes from outside (an HTTP stream): the loop waits for it, holding no worker."""
+
+    def pending(self) -> bool:
+        """True while a step would find nothing new."""
+        ...
+
+    def subscribe(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` (from any thread) once a step would find something; at once if it would now."""
         ...
 
 

@@ -7,11 +7,13 @@ back as server-sent events.
 
 The HTTP exchange uses the standard library (``http.client``): one streaming POST needs no more,
 and the project carries no HTTP client library. It runs on a reader thread per turn that parses
-the event stream into a queue; each engine step takes what has arrived (waiting at most
-``STEP_WAIT`` seconds), so a slow upstream never holds an engine worker for long and the turn can
-be dropped between any two steps. The stream is closed when the turn ends, when the run object is
-dropped (the scheduler drops an aborted request's state without calling ``finalize``), and, as a
-backstop, when no step has asked for text for ``ORPHAN_SECONDS``.
+the event stream into a queue; each engine step takes what has arrived without waiting, and while
+nothing has arrived the thinker loop waits (``WaitFor``) with the run's ``subscribe``: the reader
+thread wakes it when the next delta, the end or an error comes, so a slow upstream holds no engine
+worker at all and the turn can be dropped between any two steps. The stream is closed when the
+turn ends, when the run object is dropped (the scheduler drops an aborted request's state without
+calling ``finalize``), and, as a backstop, when what arrived has not been taken for
+``ORPHAN_SECONDS``.
 
 Errors reach the client as fixed, client-safe sentences (``ThinkerError``); what the upstream said
 is logged, never forwarded.
@@ -30,6 +32,7 @@ import ssl
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -40,9 +43,8 @@ from .thinkers import ThinkerError, Turn
 
 logger = logging.getLogger(__name__)
 
-STEP_WAIT = 0.025  # seconds a step waits for the next delta before handing the worker back
-# No step asked for text this long: the request is gone (aborted), stop the upstream. Generous, so a
-# turn that the scheduler merely serves late under load is never cut off.
+# Text arrived and no step took it (nor waited for more) this long: the request is gone (aborted), stop
+# the upstream. Generous, so a turn that the scheduler merely serves late under load is never cut off.
 ORPHAN_SECONDS = 5.0
 MAX_LINE = 1 << 20  # longest event-stream line accepted
 MAX_ERROR_BODY = 64 * 1024
@@ -153,6 +155,34 @@ class _Stream:
         self.items: queue.Queue[tuple[str, str]] = queue.Queue()
         self.closed = threading.Event()
         self.last_poll = time.monotonic()
+        self._lock = threading.Lock()  # guards ``_wake``; never held while calling it
+        self._wake: Callable[[], None] | None = None
+
+    def put(self, kind: str, text: str) -> None:
+        """Queue an item and wake the loop waiting for it (the reader thread calls this)."""
+        self.items.put((kind, text))
+        self._fire()
+
+    def _fire(self) -> None:
+        with self._lock:
+            wake, self._wake = self._wake, None
+            if wake is not None:
+                self.last_poll = time.monotonic()  # the orphan clock restarts when the loop is woken
+        if wake is not None:
+            wake()
+
+    def subscribe(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` once something is queued (at once if something already is)."""
+        with self._lock:
+            self.last_poll = time.monotonic()
+            ready = not self.items.empty() or self.closed.is_set()
+            self._wake = None if ready else wake
+        if ready:
+            wake()
+
+    def waited_on(self) -> bool:
+        with self._lock:
+            return self._wake is not None
 
     def close(self) -> None:
         """Stop the upstream: shut the socket down so the reader's blocking read returns at once."""
@@ -164,6 +194,7 @@ class _Stream:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         self.conn.close()
+        self._fire()  # a loop still waiting sees the stream's end
 
     def pump(self, path: str, body: bytes, headers: dict[str, str], timeout: float) -> None:
         """Reader thread: send the request, then turn the event stream into queue items."""
@@ -173,7 +204,7 @@ class _Stream:
             if response.status != 200:
                 detail = response.read(MAX_ERROR_BODY).decode("utf-8", "replace")
                 logger.warning("upstream answered HTTP %d: %s", response.status, detail[:2000])
-                self.items.put((_ERROR, _status_message(response.status)))
+                self.put(_ERROR, _status_message(response.status))
                 return
             if response.getheader("Content-Type", "").startswith("application/json"):
                 self._whole(response)  # a server that ignored stream: true
@@ -181,20 +212,20 @@ class _Stream:
                 self._events(response)
         except TimeoutError:
             if not self.closed.is_set():
-                self.items.put((_ERROR, f"The upstream model did not answer within {timeout:g} seconds."))
+                self.put(_ERROR, f"The upstream model did not answer within {timeout:g} seconds.")
         except (OSError, http.client.HTTPException) as exc:
             if not self.closed.is_set():
                 logger.warning("upstream connection failed: %r", exc)
-                self.items.put((_ERROR, "Could not reach the upstream model server, or it dropped the connection."))
+                self.put(_ERROR, "Could not reach the upstream model server, or it dropped the connection.")
         except ThinkerError as exc:
             if not self.closed.is_set():
                 logger.warning("upstream stream rejected: %s", exc)
-                self.items.put((_ERROR, str(exc)))
+                self.put(_ERROR, str(exc))
         finally:
             self.close()
 
     def _orphaned(self) -> bool:
-        if time.monotonic() - self.last_poll > ORPHAN_SECONDS:
+        if not self.waited_on() and time.monotonic() - self.last_poll > ORPHAN_SECONDS:
             logger.info("upstream turn no longer stepped (request dropped): closing its stream")
             return True
         return self.closed.is_set()
@@ -206,7 +237,7 @@ class _Stream:
             raw = response.readline(MAX_LINE + 1)
             if not raw:
                 if finished:  # some servers end after the last choice without [DONE]
-                    self.items.put((_DONE, ""))
+                    self.put(_DONE, "")
                     return
                 raise ThinkerError("The upstream model's stream ended before the answer was complete.")
             if len(raw) > MAX_LINE:
@@ -219,7 +250,7 @@ class _Stream:
                 continue
             payload, data = "\n".join(data), []
             if payload.strip() == "[DONE]":
-                self.items.put((_DONE, ""))
+                self.put(_DONE, "")
                 return
             finished = self._chunk(payload) or finished
 
@@ -240,7 +271,7 @@ class _Stream:
         delta = choices[0].get("delta")
         content = delta.get("content") if isinstance(delta, dict) else None
         if isinstance(content, str) and content:
-            self.items.put((_DELTA, content))
+            self.put(_DELTA, content)
         return choices[0].get("finish_reason") is not None
 
     def _whole(self, response: http.client.HTTPResponse) -> None:
@@ -250,8 +281,8 @@ class _Stream:
         except (ValueError, KeyError, IndexError, TypeError):
             raise ThinkerError("The upstream model sent a malformed reply.") from None
         if isinstance(content, str) and content:
-            self.items.put((_DELTA, content))
-        self.items.put((_DONE, ""))
+            self.put(_DELTA, content)
+        self.put(_DONE, "")
 
 
 class UpstreamRun:
@@ -268,6 +299,14 @@ class UpstreamRun:
     def done(self) -> bool:
         return self._done
 
+    def pending(self) -> bool:
+        """True while a step would find nothing new: the loop should wait (``subscribe``)."""
+        stream = self._stream
+        return not self._done and self._error is None and stream.items.empty() and not stream.closed.is_set()
+
+    def subscribe(self, wake: Callable[[], None]) -> None:
+        self._stream.subscribe(wake)
+
     def step(self) -> list[str]:
         stream = self._stream
         stream.last_poll = time.monotonic()
@@ -276,7 +315,7 @@ class UpstreamRun:
             raise ThinkerError(self._error)
         deltas: list[str] = []
         try:
-            kind, text = stream.items.get(timeout=STEP_WAIT)
+            kind, text = stream.items.get_nowait()
             while True:
                 if kind == _ERROR:
                     if deltas:  # what arrived before the error is part of the answer
@@ -290,7 +329,10 @@ class UpstreamRun:
                 deltas.append(text)
                 kind, text = stream.items.get_nowait()
         except queue.Empty:
-            pass
+            if not deltas and stream.closed.is_set() and stream.items.empty():
+                # Closed with nothing left and no end (e.g. cut off as orphaned while served late).
+                self.close()
+                raise ThinkerError("The upstream model's stream ended before the answer was complete.") from None
         stream.last_poll = time.monotonic()
         return deltas
 

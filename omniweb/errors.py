@@ -1,0 +1,61 @@
+"""Error kinds: what went wrong, chosen where the error arises and carried, never parsed from text.
+
+Engine ``end`` messages carry a ``kind`` next to ``status`` and ``message``, over the in-process
+client and over Redis dispatch alike; every ``error`` a client receives carries one too, and
+``/metrics`` counts errors by it (``omniweb_errors_total{kind}``). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorKind(StrEnum):
+    CLIENT = "client_error"  # the request or message was wrong: fixing it is the client's job
+    CAPACITY = "capacity"  # the server is full: retry shortly
+    ENGINE = "engine_failure"  # a model step, or the engine itself, failed
+    UPSTREAM = "upstream_failure"  # a server we depend on (the upstream thinker) failed or refused
+    WORKER_LOST = "worker_lost"  # the worker serving the request went silent mid-stream
+    UNREACHABLE = "engine_unreachable"  # no engine worker could be reached or took the request
+    TIMEOUT = "timeout"  # the client was too slow (config, idle)
+    STALLED = "stalled"  # the client stopped reading what we send
+    AUTH = "auth"  # a refused handshake: credentials
+    LIMIT = "limit"  # a refused handshake: too many sessions
+
+
+# What an engine ``end`` message's ``status`` is for each kind (clients that predate kinds read it).
+_STATUS = {ErrorKind.CAPACITY: "busy", ErrorKind.CLIENT: "invalid"}
+
+CAPACITY_MESSAGE = "server is at capacity; retry shortly"
+
+
+class EngineError(Exception):
+    """An error a step (or the engine) raises with its kind decided on the spot.
+
+    ``str(exc)`` is logged; ``client_message`` (when given) is safe to send to the client.
+    """
+
+    def __init__(self, kind: ErrorKind, message: str, *, client_message: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.client_message = client_message
+
+
+def kind_of(exc: BaseException, default: ErrorKind = ErrorKind.ENGINE) -> ErrorKind:
+    """The kind an exception was raised with, or ``default`` for a plain bug."""
+    kind = getattr(exc, "kind", None)
+    return kind if isinstance(kind, ErrorKind) else default
+
+
+def engine_end(kind: ErrorKind, message: str, **fields: Any) -> dict[str, Any]:
+    """An engine ``end`` chunk for a request that did not succeed."""
+    return {"type": "end", "status": _STATUS.get(kind, "error"), "kind": kind.value, "message": message, **fields}
+
+
+def end_kind(chunk: dict[str, Any]) -> ErrorKind:
+    """The kind of a failed ``end`` chunk; one from an older engine that sent none, by its status."""
+    try:
+        return ErrorKind(chunk.get("kind"))
+    except ValueError:
+        return {"busy": ErrorKind.CAPACITY, "invalid": ErrorKind.CLIENT}.get(chunk.get("status"), ErrorKind.ENGINE)
