@@ -426,7 +426,7 @@ def smile_count(smiling: int, faces: int) -> str:
 
 def _identity(scene: Scene, now: FrameStats, q: str, yes_no: bool) -> list[str]:
     return [
-        "I can't tell who someone is: I can see that a face is there, not whose it is.",
+        "I can't tell who someone is: I can see whether a face is there, not whose it is.",
         *_people(scene, now, "", False),
     ]
 

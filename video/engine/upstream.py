@@ -162,7 +162,7 @@ class UpstreamThinker:
         return UpstreamRun(stream)
 
     def observe(self, turn: Turn) -> str | None:
-        """The default thinker's description of the frames (and what it reads, for reading questions)."""
+        """The default thinker's description of the frames (with the text read, for reading questions)."""
         if self.models is None or not turn.frames:
             return None
         measured = scene.analyse(
@@ -171,7 +171,7 @@ class UpstreamThinker:
             perception=self.models,
             read=answers.needs_reading(turn.question, turn.history),
         )
-        return " ".join(answers.answer("", [], measured) + answers.answer(turn.question, turn.history, measured))
+        return " ".join(answers.answer("", [], measured))
 
 
 class _Stream:

@@ -6,15 +6,14 @@ from typing import Any
 
 import numpy as np
 
+from ._mediapipe import solutions
 from .types import Face
 
 MIN_SCORE = 0.6  # below this the detector's hits on photos without people start to appear
 
 
 def load() -> Any:
-    import mediapipe as mp
-
-    return mp.solutions.face_detection.FaceDetection(model_selection=1, min_detection_confidence=MIN_SCORE)
+    return solutions().face_detection.FaceDetection(model_selection=1, min_detection_confidence=MIN_SCORE)
 
 
 def detect(model: Any, rgb: np.ndarray) -> tuple[Face, ...]:

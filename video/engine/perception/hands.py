@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ._mediapipe import solutions
 from .types import Body, Face, Hand
 
 MAX_HANDS = 4
@@ -19,9 +20,7 @@ STRAIGHT_DEGREES = 150.0  # a finger whose joints are this straight is held up
 
 
 def load() -> Any:
-    import mediapipe as mp
-
-    return mp.solutions.hands.Hands(
+    return solutions().hands.Hands(
         static_image_mode=True, max_num_hands=MAX_HANDS, model_complexity=1, min_detection_confidence=MIN_SCORE
     )
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ._mediapipe import solutions
 from .types import Body
 
 MIN_VISIBILITY = 0.5  # a landmark less visible than this is treated as out of view
@@ -20,9 +21,7 @@ L_HIP, R_HIP, L_KNEE, R_KNEE, L_ANKLE, R_ANKLE = 23, 24, 25, 26, 27, 28
 
 
 def load() -> Any:
-    import mediapipe as mp
-
-    return mp.solutions.pose.Pose(static_image_mode=True, model_complexity=1, min_detection_confidence=0.5)
+    return solutions().pose.Pose(static_image_mode=True, model_complexity=1, min_detection_confidence=0.5)
 
 
 def detect(model: Any, rgb: np.ndarray) -> Body | None:
