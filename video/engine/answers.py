@@ -142,7 +142,7 @@ def parse(question: str) -> list[Intent]:
     if presence and Intent.PEOPLE not in found:
         found.append(Intent.PEOPLE)
     many = _HOW_MANY.search(q)
-    if many and not re.match(rf"({_PEOPLE_WORDS}|of)\b", many.group(1)):
+    if many and not re.match(rf"({_PEOPLE_WORDS}|of|hands?|fingers?)\b", many.group(1)):
         found.append(Intent.COUNT_OTHER)
     if _OBJECT.search(q) and not found_any(
         found, Intent.PEOPLE, Intent.COLOUR, Intent.READ, Intent.IDENTITY, Intent.COUNT_OTHER, Intent.HANDS
@@ -268,10 +268,11 @@ def people_phrase(faces: Sequence[Face], body: Body | None) -> str | None:
     A face counts as a person only with a body in view (the pose model); a face alone is "a face"
     (it may be a photo or a screen), and a body without a face is a person turned away.
     """
+    sep = ", " if len(faces) == 1 else ": "
     if faces and body is not None:
-        return f"{count(len(faces), 'person')}, {_where_faces(faces)}"
+        return f"{count(len(faces), 'person')}{sep}{_where_faces(faces)}"
     if faces:
-        return f"{count(len(faces), 'face')}, {_where_faces(faces)}"
+        return f"{count(len(faces), 'face')}{sep}{_where_faces(faces)}"
     if body is not None:
         return f"one person {_place(_side(body.cx))}, with their face turned away or out of view"
     return None
