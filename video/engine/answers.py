@@ -201,6 +201,33 @@ def needs_reading(question: str, history: Sequence[dict[str, Any]]) -> bool:
     return Intent.READ in intents_for(question, history)
 
 
+_PEOPLE = frozenset({"faces", "pose"})
+_ALL = frozenset({"faces", "pose", "hands", "expression", "objects"})
+# The perception models each intent's composer reads (the text reader is ``needs_reading``).
+_NEEDS: dict[Intent, frozenset[str]] = {
+    Intent.PEOPLE: _PEOPLE,
+    Intent.IDENTITY: _PEOPLE,
+    Intent.CHANGE: _PEOPLE,
+    Intent.EXPRESSION: frozenset({"faces", "expression"}),
+    Intent.HANDS: _PEOPLE | {"hands"},
+    Intent.POSE: _PEOPLE,
+    Intent.OBJECT: _PEOPLE | {"objects"},
+    Intent.COUNT_OTHER: frozenset({"objects"}),
+    Intent.COLOUR: _PEOPLE | {"hands", "objects"},
+    Intent.DESCRIBE: _ALL,
+    Intent.FOLLOW_UP: _ALL,
+    Intent.UNKNOWN: _ALL,
+}
+
+
+def models_for(question: str, history: Sequence[dict[str, Any]]) -> frozenset[str]:
+    """The perception models the answer to this question reads (light and sharpness need none)."""
+    needed: frozenset[str] = frozenset()
+    for intent in intents_for(question, history):
+        needed |= _NEEDS.get(intent, frozenset())
+    return needed
+
+
 # -- words -----------------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
-from .perception import Observations, Perception
+from .perception import MODELS, PEOPLE_MODELS, Observations, Perception
 from .perception.types import Face, horizontal, vertical
 
 __all__ = ["Face", "FrameStats", "Motion", "Scene", "analyse", "horizontal"]
@@ -114,13 +114,14 @@ def analyse(
     pts_ms: Sequence[float | None] | None = None,
     *,
     perception: Perception | None = None,
+    models: frozenset[str] = MODELS,
     read: bool = False,
 ) -> Scene:
     """Decode and measure the frames (oldest first).
 
-    Every analysed frame gives a thumbnail for the motion measures; the models run on the last
-    frame ("now"; the text reader only when ``read``) and faces and pose on the first ("before").
-    Without ``perception`` only the OpenCV measures are taken (the composers' tests use that).
+    Every analysed frame gives a thumbnail for the motion measures; the named ``models`` run on the
+    last frame ("now"; the text reader only when ``read``), and those of them that count people on
+    the first ("before"). Without ``perception`` only the OpenCV measures are taken.
     """
     images: list[np.ndarray] = []
     kept_pts: list[float | None] = []
@@ -134,8 +135,8 @@ def analyse(
         kept_pts.append(pts_ms[i] if pts_ms is not None and i < len(pts_ms) else None)
     thumbs = [cv2.resize(img, THUMB_SIZE, interpolation=cv2.INTER_AREA) for img in images]
     return Scene(
-        now=measure(images[-1], thumbs[-1], perception, full=True, read=read) if images else None,
-        before=measure(images[0], thumbs[0], perception, full=False) if len(images) >= 2 else None,
+        now=measure(images[-1], thumbs[-1], perception, models, read=read) if images else None,
+        before=measure(images[0], thumbs[0], perception, models & PEOPLE_MODELS) if len(images) >= 2 else None,
         motion=measure_motion(thumbs, kept_pts) if len(thumbs) >= 2 else None,
         received=len(frames),
         unreadable=unreadable,
@@ -143,12 +144,13 @@ def analyse(
 
 
 def measure(
-    img: np.ndarray, thumb: np.ndarray, perception: Perception | None, *, full: bool = True, read: bool = False
+    img: np.ndarray, thumb: np.ndarray, perception: Perception | None, models: frozenset[str], *, read: bool = False
 ) -> FrameStats:
     gray = cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
     small = _resize_to_width(gray, 320)  # sharpness at a fixed scale, whatever the frame size
     third = THUMB_SIZE[0] // 3
-    seen = perception.observe(img, full=full, read=read) if perception is not None else Observations()
+    run = perception is not None and (models or read)
+    seen = perception.observe(img, models=models, read=read) if run else Observations()
     return FrameStats(
         brightness=float(cv2.cvtColor(thumb, cv2.COLOR_BGR2HSV)[..., 2].mean()),
         sharpness=float(cv2.Laplacian(small, cv2.CV_32F).var()),

@@ -102,6 +102,7 @@ class SceneRun:
                 [f.data for f in turn.frames],
                 [f.pts_ms for f in turn.frames],
                 perception=self._models,
+                models=answers.models_for(turn.question, turn.history),
                 read=answers.needs_reading(turn.question, turn.history),
             )
             self._sentences = deque(answers.answer(turn.question, turn.history, measured))

@@ -18,6 +18,9 @@ import numpy as np
 
 from .types import Body, Expression, Face, Hand, MainObject, TextLine
 
+MODELS = frozenset({"faces", "pose", "hands", "expression", "objects"})  # the per-frame set; "text" on demand
+PEOPLE_MODELS = frozenset({"faces", "pose"})  # enough to count people
+
 
 class ModelLoadError(RuntimeError):
     """A model or its package is missing or broken: a start-up error that names the package."""
@@ -76,11 +79,11 @@ class Perception:
         self._text = _Guarded(load_model("rapidocr", text.load))
         self._modules = (faces, hands, pose, expression, objects, text)
 
-    def observe(self, bgr: np.ndarray, *, full: bool = True, read: bool = False) -> Observations:
-        """Run the models on one BGR frame.
+    def observe(self, bgr: np.ndarray, *, models: frozenset[str] = MODELS, read: bool = False) -> Observations:
+        """Run the named models (of ``MODELS``) on one BGR frame; ``read`` adds the text reader.
 
-        ``full=False`` runs only what counts people (faces and pose), for the earlier frame a change
-        is measured against; ``read`` adds the text reader, which costs several times the rest.
+        A question runs only the models its answer needs (the thinker picks them), so "Am I
+        smiling?" does not pay for hands and pose; reading costs several times all the rest.
         """
         faces_mod, hands_mod, pose_mod, expression_mod, objects_mod, text_mod = self._modules
         rgb = np.ascontiguousarray(bgr[..., ::-1])
@@ -93,13 +96,16 @@ class Perception:
             timings[name] = (time.perf_counter() - start) * 1000
             return out
 
-        found_faces = timed("faces", self._faces, faces_mod.detect, rgb)
-        body = timed("pose", self._pose, pose_mod.detect, rgb)
-        if not full:
-            return Observations(faces=found_faces, body=body, timings_ms=timings)
-        found_hands = timed("hands", self._hands, hands_mod.detect, rgb, found_faces, body)
-        expressions = timed("expression", self._expression, expression_mod.detect, bgr, found_faces)
-        main_object = timed("objects", self._objects, objects_mod.classify, rgb)
+        wanted = set(models)
+        if wanted & {"hands", "expression"}:
+            wanted.add("faces")  # hands are raised relative to a face; expressions are read on faces
+        found_faces = timed("faces", self._faces, faces_mod.detect, rgb) if "faces" in wanted else ()
+        body = timed("pose", self._pose, pose_mod.detect, rgb) if "pose" in wanted else None
+        found_hands = timed("hands", self._hands, hands_mod.detect, rgb, found_faces, body) if "hands" in wanted else ()
+        expressions = ()
+        if "expression" in wanted:
+            expressions = timed("expression", self._expression, expression_mod.detect, bgr, found_faces)
+        main_object = timed("objects", self._objects, objects_mod.classify, rgb) if "objects" in wanted else None
         lines = timed("text", self._text, text_mod.read, bgr) if read else None
         return Observations(
             faces=found_faces,
