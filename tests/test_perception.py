@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import threading
 
+import cv2
 import numpy as np
 import pytest
 from photos import PHOTOS, WITHOUT_PEOPLE, photo, sign
@@ -229,3 +230,19 @@ def test_models_load_once_and_serve_threads_at_once(models):
     for t in threads:
         t.join()
     assert len(results) == 3 and all(len(r.faces) == 1 and r.expressions[0].smiling for r in results)
+
+
+def test_a_person_small_in_the_frame_still_has_a_body(models):
+    """The camera man letterboxed in 640×480: the whole-frame pose pass misses him, his face's region does not."""
+    small = cv2.resize(photo("camera"), (360, 360), interpolation=cv2.INTER_AREA)
+    frame = np.full((480, 640, 3), 40, np.uint8)
+    frame[60:420, 140:500] = small
+    seen = models.observe(frame, models=frozenset({"faces", "pose"}))
+    assert len(seen.faces) == 1 and seen.body is not None and seen.people == 1
+    assert seen.body.posture is None  # his legs are in view, but the pose model is not sure of them
+
+
+def test_legs_guessed_beyond_the_frame_give_no_posture():
+    beyond = [(x, y + 0.5, v) if i >= pose.L_HIP else (x, y, v) for i, (x, y, v) in enumerate(_pose_points())]
+    body = pose.read_pose(beyond, aspect=1.0)
+    assert body is not None and body.posture is None and body.leaning is None

@@ -100,7 +100,7 @@ class Perception:
         if wanted & {"hands", "expression"}:
             wanted.add("faces")  # hands are raised relative to a face; expressions are read on faces
         found_faces = timed("faces", self._faces, faces_mod.detect, rgb) if "faces" in wanted else ()
-        body = timed("pose", self._pose, pose_mod.detect, rgb) if "pose" in wanted else None
+        body = timed("pose", self._pose, pose_mod.detect, rgb, found_faces) if "pose" in wanted else None
         found_hands = timed("hands", self._hands, hands_mod.detect, rgb, found_faces, body) if "hands" in wanted else ()
         expressions = ()
         if "expression" in wanted:

@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 
 from ._mediapipe import solutions
-from .types import Body
+from .types import Body, Face
 
 MIN_VISIBILITY = 0.5  # a landmark less visible than this is treated as out of view
+LEG_VISIBILITY = 0.8  # knees and ankles: the model guesses legs below a portrait at 0.55-0.71
 LEAN_DEGREES = 12.0  # the torso this far from vertical is leaning
 NOSE, L_SHOULDER, R_SHOULDER, L_WRIST, R_WRIST = 0, 11, 12, 15, 16
 L_HIP, R_HIP, L_KNEE, R_KNEE, L_ANKLE, R_ANKLE = 23, 24, 25, 26, 27, 28
@@ -24,12 +25,25 @@ def load() -> Any:
     return solutions().pose.Pose(static_image_mode=True, model_complexity=1, min_detection_confidence=0.5)
 
 
-def detect(model: Any, rgb: np.ndarray) -> Body | None:
+def detect(model: Any, rgb: np.ndarray, faces: Sequence[Face] = ()) -> Body | None:
+    """The body in the frame; when the whole frame finds none but a face is there, the region
+    below and around the largest face is tried too (the pose detector misses people who fill
+    little of the frame)."""
+    h, w = rgb.shape[:2]
+    x0, y0, x1, y1 = 0, 0, w, h
     result = model.process(rgb).pose_landmarks
+    if result is None and faces:
+        face = max(faces, key=lambda f: f.width)
+        fw, fh = face.width * w, max(face.height, face.width) * h
+        x0, x1 = int(max(0, face.cx * w - 3 * fw)), int(min(w, face.cx * w + 3 * fw))
+        y0, y1 = int(max(0, face.cy * h - 1.5 * fh)), int(min(h, face.cy * h + 6 * fh))
+        if (x1 - x0) * (y1 - y0) < 0.8 * w * h:  # a crop that is not nearly the whole frame again
+            result = model.process(np.ascontiguousarray(rgb[y0:y1, x0:x1])).pose_landmarks
     if result is None:
         return None
-    h, w = rgb.shape[:2]
-    points = [(lm.x * w / h, lm.y, lm.visibility) for lm in result.landmark]  # x in height units: true angles
+    cw, ch = x1 - x0, y1 - y0
+    # Back to whole-frame coordinates, x in height units so that angles are true.
+    points = [((x0 + lm.x * cw) / h, (y0 + lm.y * ch) / h, lm.visibility) for lm in result.landmark]
     return read_pose(points, aspect=w / h)
 
 
@@ -40,7 +54,10 @@ def read_pose(points: Sequence[tuple[float, float, float]], aspect: float) -> Bo
     """
 
     def seen(i: int) -> bool:
-        return points[i][2] >= MIN_VISIBILITY
+        """Visible, and inside the frame: the model also guesses landmarks beyond the edges."""
+        x, y, visibility = points[i]
+        needed = LEG_VISIBILITY if i in (L_KNEE, R_KNEE, L_ANKLE, R_ANKLE) else MIN_VISIBILITY
+        return visibility >= needed and 0.0 <= x <= aspect and 0.0 <= y <= 1.0
 
     if not (seen(L_SHOULDER) or seen(R_SHOULDER)):
         return None  # a pose without shoulders in view is not a body we can read
