@@ -483,3 +483,31 @@ def test_parse_intents():
     assert answers.parse("what is this?") == [answers.Intent.OBJECT]
     assert answers.parse("") == []
     assert answers.needs_reading("Can you read this?", []) and not answers.needs_reading("What is this?", [])
+
+
+def test_what_is_the_red_thing_combines_the_colour_with_the_other_observations():
+    red = scene.ColourRegion("red", 0.2, 0.5, 0.55, 0.4, 0.4)
+    cup = MainObject("a cup of coffee", 0.9, "espresso")
+
+    def with_red(**kw: object) -> scene.FrameStats:
+        base = stats(**kw)
+        return scene.FrameStats(
+            base.brightness, base.sharpness, base.colours, base.centre_colours, base.seen, {"red": red}
+        )
+
+    assert compose("What is the red thing?", with_red(main=cup)) == [
+        "There's a patch of red in the centre of the picture, about 20 percent of it.",
+        "It may be a cup of coffee: that's what the picture as a whole looks like.",
+    ]
+    assert (
+        compose("What is the red thing?", with_red())[-1]
+        == "I can't tell what it is: I can only say where the colour is."
+    )
+    held = compose("Where is the red thing?", with_red(hands=(Hand(0.5, 0.6, "right", (), "fist", None),)))
+    assert held == [
+        "There's a patch of red in the centre of the picture, about 20 percent of it: "
+        "near a hand, so probably something held."
+    ]
+    assert compose("Where is the red thing?", with_red(faces=1, body=True))[0].endswith(
+        "below the face, so probably the person's clothes."
+    )

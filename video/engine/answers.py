@@ -575,10 +575,10 @@ def _colour(scene: Scene, now: FrameStats, q: str, yes_no: bool) -> list[str]:
             owner = region_owner(region, now)
             out.append(f"{text}: {owner}." if owner else f"{text}.")
             if re.search(r"\bwhat\b", q) and owner is None:
-                main = object_sentence(now)
+                main = now.seen.main_object
                 central = abs(region.cx - 0.5) < 0.25 and abs(region.cy - 0.5) < 0.25 and region.share >= 0.05
-                if main is not None and central:
-                    out.append(f"The main thing in the picture: {main[0].lower()}{main[1:]}")
+                if main is not None and main.confidence >= CONFIDENT and central:
+                    out.append(f"It may be {main.name}: that's what the picture as a whole looks like.")
                 else:
                     out.append("I can't tell what it is: I can only say where the colour is.")
         return out
