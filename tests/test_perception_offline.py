@@ -52,8 +52,8 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_every_model_loads_and_runs_without_the_network():
-    done = _run(OFFLINE)
+def test_every_model_loads_and_runs_without_the_network(tmp_path):
+    done = _run(OFFLINE, XDG_CACHE_HOME=str(tmp_path))  # an empty cache: the classifier's export runs too
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "1 ['EXIT', 'Platform 3']"
 
@@ -73,3 +73,18 @@ def test_a_missing_model_package_is_a_start_up_error_naming_it():
     done = _run(code)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("the rapidocr package failed to load its model")
+
+
+def test_the_classifier_is_exported_once_and_later_starts_skip_torch(tmp_path):
+    code = (
+        "import sys\nfrom video.engine.perception import objects\n"
+        "objects.load()\nprint(sorted(p.name for p in objects.cache_dir().iterdir()), 'torch' in sys.modules)\n"
+    )
+    first = _run(code, XDG_CACHE_HOME=str(tmp_path))
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = _run(code, XDG_CACHE_HOME=str(tmp_path))
+    assert second.returncode == 0, second.stderr[-3000:]
+    (name,) = list((tmp_path / "omniweb").iterdir())
+    assert name.name.startswith("efficientnet-lite0-") and name.suffix == ".onnx"
+    assert first.stdout.strip().endswith("True")  # exported with torch
+    assert second.stdout.strip() == f"['{name.name}'] False"  # loaded from the cache, torch never imported

