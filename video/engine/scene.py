@@ -204,7 +204,7 @@ def colour_names(hsv: np.ndarray) -> np.ndarray:
 
 def name_colours(bgr: np.ndarray, locate: bool = True) -> tuple[ColourShare, ...]:
     """The colours covering at least ``MIN_COLOUR_SHARE`` of the picture, largest first, with where they sit."""
-    names = colour_names(cv2.cvtColor(bgr, cv2.COLOR_BGR2HSV))
+    names = colour_names(cv2.cvtColor(bgr, cv2.COLOR_BGR2HSV)).astype("U6")
     total = names.size
     xs = np.broadcast_to(np.arange(names.shape[1]) / max(1, names.shape[1] - 1), names.shape)
     out = []
@@ -222,7 +222,7 @@ def name_colours(bgr: np.ndarray, locate: bool = True) -> tuple[ColourShare, ...
 
 def colour_regions(bgr: np.ndarray) -> dict[str, ColourRegion]:
     """For each colour covering at least ``MIN_REGION_SHARE``: its largest connected patch and total share."""
-    names = colour_names(cv2.cvtColor(bgr, cv2.COLOR_BGR2HSV))
+    names = colour_names(cv2.cvtColor(bgr, cv2.COLOR_BGR2HSV)).astype("U6")  # fixed-width: a C sort, not Python's
     h, w = names.shape
     out: dict[str, ColourRegion] = {}
     for name in np.unique(names):

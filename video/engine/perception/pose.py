@@ -26,19 +26,23 @@ def load() -> Any:
 
 
 def detect(model: Any, rgb: np.ndarray, faces: Sequence[Face] = ()) -> Body | None:
-    """The body in the frame; when the whole frame finds none but a face is there, the region
-    below and around the largest face is tried too (the pose detector misses people who fill
-    little of the frame)."""
+    """The body of the person with the largest face, or of whoever is in view when no face is.
+
+    With a face, the model looks at the region around and below it (three face widths each side,
+    six face heights down): the pose detector misses people who fill little of the frame, and one
+    pass per frame keeps the cost bounded. Without a face (or when that region is nearly the whole
+    frame) it looks at the whole frame.
+    """
     h, w = rgb.shape[:2]
     x0, y0, x1, y1 = 0, 0, w, h
-    result = model.process(rgb).pose_landmarks
-    if result is None and faces:
+    if faces:
         face = max(faces, key=lambda f: f.width)
-        fw, fh = face.width * w, max(face.height, face.width) * h
-        x0, x1 = int(max(0, face.cx * w - 3 * fw)), int(min(w, face.cx * w + 3 * fw))
-        y0, y1 = int(max(0, face.cy * h - 1.5 * fh)), int(min(h, face.cy * h + 6 * fh))
-        if (x1 - x0) * (y1 - y0) < 0.8 * w * h:  # a crop that is not nearly the whole frame again
-            result = model.process(np.ascontiguousarray(rgb[y0:y1, x0:x1])).pose_landmarks
+        fw, fh = face.width * w, max(face.height * h, face.width * w)
+        cx0, cx1 = int(max(0, face.cx * w - 3 * fw)), int(min(w, face.cx * w + 3 * fw))
+        cy0, cy1 = int(max(0, face.cy * h - 1.5 * fh)), int(min(h, face.cy * h + 6 * fh))
+        if (cx1 - cx0) * (cy1 - cy0) < 0.8 * w * h:
+            x0, y0, x1, y1 = cx0, cy0, cx1, cy1
+    result = model.process(np.ascontiguousarray(rgb[y0:y1, x0:x1])).pose_landmarks
     if result is None:
         return None
     cw, ch = x1 - x0, y1 - y0
