@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any
 
-from .perception.types import Body, Face, Hand
+from .perception.objects import CONFIDENT
+from .perception.types import Body, Face, Hand, horizontal
 from .scene import ColourRegion, ColourShare, FrameStats, Scene
 
 COLOURS = {
@@ -301,12 +302,8 @@ def people_phrase(faces: Sequence[Face], body: Body | None) -> str | None:
     if faces:
         return f"{count(len(faces), 'face')}{sep}{_where_faces(faces)}"
     if body is not None:
-        return f"one person {_place(_side(body.cx))}, with their face turned away or out of view"
+        return f"one person {_place(horizontal(body.cx))}, with their face turned away or out of view"
     return None
-
-
-def _side(x: float) -> str:
-    return "left" if x < 1 / 3 else "right" if x > 2 / 3 else "centre"
 
 
 def _people(scene: Scene, now: FrameStats, q: str, yes_no: bool) -> list[str]:
@@ -490,9 +487,6 @@ def object_sentence(now: FrameStats) -> str | None:
     if main.confidence >= CONFIDENT:
         return f"It looks like {main.name}."
     return f"It might be {main.name}, but I'm not sure."
-
-
-CONFIDENT = 0.5  # as the classifier module's threshold: "it looks like" at or above, "might be" below
 
 
 def _object(scene: Scene, now: FrameStats, q: str, yes_no: bool) -> list[str]:
