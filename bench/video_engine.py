@@ -3,8 +3,8 @@
 
 Measures, with the real models on an in-process scheduler (``OMNIWEB_ENGINE_WORKERS`` workers):
 
-1. the steps alone: scene analysis of 4 sampled 640×480 JPEG frames, Whisper tiny.en on a ~2 s
-   spoken question, and the talker's first sentence;
+1. the steps alone: scene analysis (perception models and measures) of 4 sampled 640×480 JPEG
+   frames, Whisper tiny.en on a ~2 s spoken question, and the talker's first sentence;
 2. a typed question through the engine: submit → first text delta, → first audio chunk, → end;
 3. a spoken question through the engine: submit → transcript, → first text, → first audio;
 4. the upstream thinker against a local chat-completions server that answers at once (so the figure
@@ -149,7 +149,9 @@ def main() -> int:
     rng = np.random.default_rng(0)
 
     rows = ["| step | p50 ms | p95 ms | min ms | max ms |", "|---|---:|---:|---:|---:|"]
-    rows.append(stats_row("scene analysis, 4 frames 640×480 JPEG", timed(lambda: scene.analyse(frames), n)))
+    models = pipeline.thinker.perception
+    analyse = lambda: scene.analyse(frames, perception=models)  # noqa: E731
+    rows.append(stats_row("scene analysis with the perception models, 4 frames 640×480 JPEG", timed(analyse, n)))
     rows.append(
         stats_row(
             f"Whisper tiny.en, {len(question_pcm) / 32000:.1f} s question",
@@ -209,7 +211,8 @@ def main() -> int:
         stats_row("upstream thinker: submit → first audio", col(upstream, "audio")),
     ]
     print(
-        f"Pipeline load (hibari + Whisper + cascade): {load_s:.2f} s; engine workers: {settings.ENGINE_WORKERS}; N={n}"
+        f"Pipeline load (hibari + Whisper + perception models): {load_s:.2f} s; "
+        f"engine workers: {settings.ENGINE_WORKERS}; N={n}"
     )
     print()
     print("\n".join(rows))

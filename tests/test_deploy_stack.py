@@ -303,7 +303,28 @@ def start_daphne(stack: Stack, env: dict[str, str], name: str = "daphne") -> int
     port = free_port()
     service = stack.start(name, ["bash", str(DEPLOY / "daphne.sh"), str(port)], env)
     stack.wait_port(service, port, timeout=90)
+    if not env.get("OMNIWEB_REDIS_URL"):
+        wait_engine_loaded(port)
     return port
+
+
+def wait_engine_loaded(port: int, timeout: float = 120.0) -> None:
+    """An embedded engine loads its models after the port opens (the perception models take some
+    seconds), and daphne drops a WebSocket handshake that waits over 5 s: wait as a load balancer's
+    health check would, on /healthz."""
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request("GET", "/healthz")
+            if json.loads(conn.getresponse().read())["engine"]["local_started"]:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        finally:
+            conn.close()
+        assert time.monotonic() < deadline, "the embedded engine did not load its models"
+        time.sleep(0.2)
 
 
 def https_get(n: Nginx, path: str) -> tuple[int, dict[str, str], bytes]:

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 from django.test import override_settings
+from photos import photo
 from test_video_asr import spoken
-from test_video_thinker import camera_like, canvas, faces_frame, jpeg, square_frames
+from test_video_thinker import camera_like, canvas, jpeg, square_frames
 from test_video_upstream import Upstream, serve, stream
 
 from omniweb.engine.scheduler import Scheduler
@@ -65,8 +66,8 @@ def text_of(chunks: list[tuple[float, dict[str, Any]]]) -> str:
 
 def people_frames() -> list[dict[str, Any]]:
     return [
-        {"frame_id": "f0", "data": faces_frame([(150, 240, 150)], 1), "pts_ms": 0},
-        {"frame_id": "f1", "data": faces_frame([(150, 240, 150), (490, 240, 150)], 2), "pts_ms": 800},
+        {"frame_id": "f0", "data": jpeg(photo("coffee")), "pts_ms": 0},
+        {"frame_id": "f1", "data": jpeg(photo("astronaut")), "pts_ms": 800},
     ]
 
 
@@ -101,7 +102,7 @@ def test_every_sentence_is_spoken_in_order(engine):
 def test_text_only_does_no_audio_work(engine):
     chunks = engine.run({"question": "What changed?", "frames": people_frames(), "modalities": ["text"]})
     assert set(kinds(chunks)) == {"text", "text.end", "end"}
-    assert "Someone came into view" in chunks[-1][1]["text"]
+    assert "No one was in the first frame; now I see one person." in chunks[-1][1]["text"]
     assert set(engine.kinds) == {"thinker"}  # no talker, no vocoder step ran
 
 

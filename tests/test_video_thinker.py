@@ -1,14 +1,18 @@
-"""The scene thinker on generated frames whose content is known: it says what is there and no more."""
+"""The scene thinker: measures on generated frames, answers on real photos, and its wording over every input range."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import cv2
 import numpy as np
 import pytest
+from photos import photo, sign
 
 from video.engine import answers, scene
+from video.engine.perception import Observations
+from video.engine.perception.types import Body, Expression, Face, Hand, MainObject, TextLine
 from video.engine.thinkers import Frame, SceneThinker, Turn
 
 W, H = 640, 480
@@ -36,33 +40,6 @@ def camera_like(img: np.ndarray, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     soft = cv2.GaussianBlur(img, (0, 0), 2)
     return np.clip(soft + rng.normal(0, 3, soft.shape), 0, 255).astype(np.uint8)
-
-
-def draw_face(img: np.ndarray, cx: int, cy: int, w: int) -> None:
-    """A drawn face: skin oval, hair, shadowed eye sockets with pupils, brows, nose and mouth.
-
-    The shading follows what the frontal-face cascade keys on (dark eye band over brighter cheeks,
-    a bright nose bridge between the eyes); it is detected at any size from ~40 px wide.
-    """
-    skin = (150, 180, 225)
-    h = int(w * 1.3)
-    cv2.ellipse(img, (cx, cy), (w // 2, h // 2), 0, 0, 360, skin, -1)
-    cv2.ellipse(img, (cx, cy - h // 2 + h // 10), (w // 2 + 2, h // 5), 0, 180, 360, (30, 30, 50), -1)
-    ey, ex = cy - h // 10, w // 5
-    for s in (-1, 1):
-        cv2.ellipse(img, (cx + s * ex, ey), (w // 7, w // 12), 0, 0, 360, tuple(int(v * 0.7) for v in skin), -1)
-        cv2.circle(img, (cx + s * ex, ey), max(1, w // 22), (40, 30, 20), -1)
-        brow = ((cx + s * ex - w // 8, ey - w // 8), (cx + s * ex + w // 8, ey - w // 9))
-        cv2.line(img, *brow, (40, 40, 60), max(2, w // 30))
-    cv2.line(img, (cx, ey + w // 20), (cx - w // 25, cy + h // 10), (110, 140, 190), max(2, w // 40))
-    cv2.ellipse(img, (cx, cy + h // 4), (w // 6, w // 18), 0, 0, 180, (70, 70, 160), max(2, w // 30))
-
-
-def faces_frame(faces: Sequence[tuple[int, int, int]], seed: int = 0) -> bytes:
-    img = canvas((200, 200, 200))
-    for cx, cy, w in faces:
-        draw_face(img, cx, cy, w)
-    return jpeg(camera_like(img, seed))
 
 
 def square_frames(xs: Sequence[int], colour: tuple[int, int, int] = (0, 0, 255)) -> list[bytes]:
@@ -126,30 +103,6 @@ def test_a_colour_on_one_side_is_placed_there():
     assert blue.where == "left" and 0.2 < blue.share < 0.3
 
 
-def test_a_drawn_face_is_found_where_it_is():
-    for cx, side in ((120, "left"), (320, "centre"), (520, "right")):
-        faces = scene.analyse([faces_frame([(cx, 240, 150)])]).now.faces
-        assert [f.side for f in faces] == [side], cx
-
-
-def test_face_size_says_near_or_far():
-    near = scene.analyse([faces_frame([(320, 250, 230)])]).now.faces
-    far = scene.analyse([faces_frame([(320, 240, 50)])]).now.faces
-    assert [f.distance for f in near] == ["close"]
-    assert [f.distance for f in far] == ["far"]
-
-
-def test_no_faces_in_scenes_without_people():
-    rng = np.random.default_rng(3)
-    for i in range(4):
-        img = canvas((90, 90, 90))
-        for _ in range(15):
-            x, y = (int(v) for v in rng.integers(0, [W, H]))
-            size = (int(x + rng.integers(20, 200)), int(y + rng.integers(20, 200)))
-            cv2.rectangle(img, (x, y), size, tuple(int(v) for v in rng.integers(0, 255, 3)), -1)
-        assert scene.analyse([jpeg(camera_like(img, i))]).now.faces == (), i
-
-
 def test_motion_direction_and_camera_pan():
     right = scene.analyse(square_frames([40, 190, 340, 490])).motion
     left = scene.analyse(square_frames([490, 340, 190, 40])).motion
@@ -203,73 +156,296 @@ def test_sampling_keeps_first_and_last():
     assert picked[0] == 0 and picked[-1] == 99 and len(picked) == scene.MAX_ANALYSED_FRAMES
 
 
-# -- answers -----------------------------------------------------------------------------------
+def test_a_bright_green_frame_is_not_dimly_lit():
+    # Pure green at full strength has a mean luma near 60 %; the light is judged by the brightest channel.
+    for bgr in ((0, 160, 0), (0, 255, 0), (200, 0, 0), (0, 0, 230)):
+        measured = scene.analyse([jpeg(camera_like(canvas(bgr)))]).now
+        assert answers.light_word(measured.brightness) in ("well lit", "very bright"), bgr
 
 
-def test_describes_people_colours_and_light():
-    text = say("What do you see?", [faces_frame([(150, 240, 150), (490, 240, 150)])])
-    assert "two people" in text and "one on the left" in text and "one on the right" in text
-    assert "grey" in text  # the light grey background
-    assert "bright" in text  # the light grey wall (200 of 255)
+def test_a_small_red_ball_is_located():
+    img = canvas((40, 150, 40))
+    cv2.circle(img, (520, 380), 22, (30, 30, 210), -1)  # ~0.5 % of the picture, bottom right
+    cv2.circle(img, (512, 372), 6, (120, 120, 255), -1)  # a highlight
+    text = say("Is there anything red?", [jpeg(camera_like(img))])
+    assert text.startswith("Yes, there's a small patch of red at the bottom right of the picture"), text
+    assert say("Where is the blue thing?", [jpeg(camera_like(img))]) == "I don't see anything blue."
 
 
-def test_counts_people_and_says_how_it_counts():
-    text = say("How many people are there?", [faces_frame([(110, 240, 110), (320, 240, 110), (530, 240, 110)])])
-    assert "three people" in text
-    assert "I count faces" in text
-    nobody = say("Is anyone there?", [jpeg(camera_like(canvas((200, 200, 200))))])
-    assert nobody.startswith("No, I don't see anyone")
+# -- answers on real photos ------------------------------------------------------------------
 
 
-def test_someone_coming_into_view_is_noticed():
-    text = say("What changed?", [faces_frame([(150, 240, 140)], 1), faces_frame([(150, 240, 140), (490, 240, 140)], 2)])
-    assert "Someone came into view" in text and "two faces, one before" in text
+def test_the_five_questions_on_real_photos():
+    coffee, cat, astronaut, camera_man = (jpeg(photo(n)) for n in ("coffee", "chelsea", "astronaut", "camera"))
+    assert say("What is this?", [coffee]) == "It looks like a cup of coffee."
+    assert say("What is this?", [cat]) == "It looks like a cat."
+    assert (
+        say("What does the sign say?", [jpeg(sign())])
+        == 'I can read two lines, top to bottom: "EXIT" and "Platform 3".'
+    )
+    assert say("Am I smiling?", [astronaut]) == "Yes, the face I can see is smiling."
+    assert say("Am I smiling?", [camera_man]) == "No, the face I can see isn't smiling."
+    assert say("Can you see my hand?", [astronaut]).startswith("No, I don't see a hand.")
+    seen = say("What do you see?", [astronaut])
+    assert seen.startswith("I can see one person, in the centre, less than a metre from the camera, smiling.")
+    assert "It's well lit" in seen
+    assert say("What do you see?", [camera_man]).startswith(
+        "I can see one person, in the centre, about 1 metre from the camera, not smiling. "
+        "The main thing looks like a tripod."
+    )
 
 
-def test_colour_questions():
-    blue = jpeg(camera_like(canvas((220, 60, 20))))
-    assert "mostly blue" in say("What colour is it?", [blue])
-    assert say("Is there anything red?", [blue]).startswith("No, I don't see any noticeable red")
-    frames = square_frames([300])  # a small red square on green
-    answer = say("Do you see something red?", frames)
-    assert answer.startswith("Yes, about") and "red" in answer
+def test_no_invented_text_hands_or_people_on_photos_without_them():
+    for name in ("coffee", "chelsea", "rocket"):
+        frame = [jpeg(photo(name))]
+        assert say("What does it say?", frame).startswith("I don't see any text I can read."), name
+        assert say("Can you see my hand?", frame).startswith("No, I don't see a hand."), name
+        assert say("Is anyone there?", frame).startswith("No, I don't see anyone."), name
 
 
-@pytest.mark.parametrize(("level", "expected"), [(12, "Yes"), (90, "Not really"), (200, "No")])
-def test_is_it_dark(level, expected):
-    text = say("Is it dark in here?", [jpeg(camera_like(canvas((level, level, level))))])
-    assert text.startswith(f"{expected}, it's")
-    assert "brightness" in text
+def test_identity_is_refused_and_presence_answered():
+    astronaut = [jpeg(photo("astronaut"))]
+    who = say("Who is this?", astronaut)
+    assert who.startswith("I can't tell who someone is: I can see whether a face is there, not whose it is.")
+    assert "one person" in who
+    assert say("Who is there?", astronaut) == "I can see one person, in the centre, less than a metre from the camera."
+    assert say("How many cups are there?", [jpeg(photo("coffee"))]) == (
+        "I can't count cups: I can count people, faces and hands, and name the main thing in the picture. "
+        "It looks like a cup of coffee."
+    )
 
 
-def test_getting_darker_is_reported():
-    frames = [jpeg(camera_like(canvas((v, v, v)), i)) for i, v in enumerate((200, 150, 90, 40))]
-    assert "got darker" in say("What happened?", frames)
+def test_someone_coming_into_view_is_told_as_counts():
+    text = say("What changed?", [jpeg(photo("coffee")), jpeg(photo("astronaut"))])
+    assert "No one was in the first frame; now I see one person." in text
+    gone = say("What changed?", [jpeg(photo("astronaut")), jpeg(photo("coffee"))])
+    assert "There was one person in the first frame; now I see no one." in gone
 
 
-def test_what_changed():
-    moving = say("What changed?", square_frames([40, 190, 340, 490]), pts=[0, 400, 800, 1200])
-    assert "moved to the right over the last 1.2 seconds" in moving
-    still = say("Did anything move?", square_frames([300, 300, 300]))
-    assert still.startswith("No, nothing visibly changed")
-    assert "only have one frame" in say("What changed?", square_frames([300]))
+def test_counts_three_people_side_by_side():
+    three = np.concatenate([cv2.resize(photo("astronaut"), (320, 320))] * 3, axis=1)
+    text = say("How many people are there?", [jpeg(three)])
+    assert text.startswith("I can see three people: one on the left, one in the centre and one on the right, all"), text
 
 
-def test_says_plainly_what_it_cannot_see():
-    face = [faces_frame([(320, 240, 150)])]
-    assert say("Can you read the sign?", face).startswith("I can't read text")
-    who = say("Who is this?", face)
-    assert who.startswith("I can't tell who someone is") and "one person" in who
-    assert say("How many cars are there?", face).startswith("I can't count cars")
-    assert say("What am I holding?", face).startswith("I can't recognise objects")
-    unknown = say("What is the capital of France?", face)
-    assert unknown.startswith("I can't answer that from what I can measure")
+# -- wording over every input range ----------------------------------------------------------
+
+GRAMMAR = (
+    r"\bone (people|faces|hands|lines|fingers|persons)\b",
+    r"\b(no|two|three|four|five|six|seven|eight|nine|ten|\d+) (person|face|hand|line|finger)\b(?! (is|up))",
+    r"\bno one (people|person)\b",
+    r"  |\s[,.:;!?]|,,|\.\.|\ba ([aeiou])",
+)
+
+
+def well_formed(sentences: Sequence[str]) -> None:
+    assert sentences
+    for s in sentences:
+        assert s[0].isupper() or s[0] == '"', s
+        assert s.endswith((".", "!", "?")), s
+        for rule in GRAMMAR:
+            assert not re.search(rule, s), (rule, s)
+
+
+def stats(
+    faces: int = 0,
+    body: bool = False,
+    hands: Sequence[Hand] = (),
+    smiling: Sequence[bool] | None = None,
+    main: MainObject | None = None,
+    text: tuple[TextLine, ...] | None = None,
+    brightness: float = 150.0,
+) -> scene.FrameStats:
+    xs = [(i + 0.5) / max(1, faces) for i in range(faces)]
+    found = tuple(Face(x, 0.4, 0.13, 0.13) for x in xs)  # about 1 metre away
+    smiles = smiling if smiling is not None else [False] * faces
+    return scene.FrameStats(
+        brightness=brightness,
+        sharpness=100.0,
+        colours=(scene.ColourShare("grey", 1.0, None),),
+        centre_colours=(scene.ColourShare("grey", 1.0, None),),
+        seen=Observations(
+            faces=found,
+            body=Body(0.5, 0.6, (), (), None, None) if body else None,
+            hands=tuple(hands),
+            expressions=tuple(Expression(s, 0.9 if s else 0.1) for s in smiles),
+            main_object=main,
+            text=text,
+        ),
+    )
+
+
+def compose(question: str, now: scene.FrameStats, before: scene.FrameStats | None = None) -> list[str]:
+    motion = None
+    if before is not None:
+        motion = scene.Motion(0.0, None, None, None, 0.0, 1000.0)
+    return answers.answer(question, [], scene.Scene(now, before, motion, 2 if before else 1, 0))
+
+
+@pytest.mark.parametrize("n", range(5))
+@pytest.mark.parametrize("body", [False, True])
+def test_people_wording(n, body):
+    for question in ("How many people are there?", "Is anyone there?", "What do you see?", "Who is this?"):
+        out = compose(question, stats(n, body))
+        well_formed(out)
+    first = compose("Is anyone there?", stats(n, body))[0]
+    if n == 0 and not body:
+        assert first == "No, I don't see anyone."
+    elif n == 0:
+        assert first.startswith("Yes, I can see one person in the centre, with their face turned away")
+    elif body:
+        assert first.startswith(f"Yes, I can see {answers.count(n, 'person')}")
+    else:
+        assert first.startswith(f"Yes, I can see {answers.count(n, 'face')}")  # a face alone is not a person
+
+
+@pytest.mark.parametrize("before", range(4))
+@pytest.mark.parametrize("now", range(4))
+def test_change_in_people_wording(before, now):
+    out = compose("What changed?", stats(now, body=now > 0), stats(before, body=before > 0))
+    well_formed(out)
+    told = [s for s in out if "first frame" in s]
+    if before == now:
+        assert not told and out == ["Nothing visibly changed or moved over the last second."]
+    else:
+        start = (
+            "No one was"
+            if before == 0
+            else f"There {'was' if before == 1 else 'were'} {answers.count(before, 'person')}"
+        )
+        assert told == [f"{start} in the first frame; now I see {answers.count(now, 'person')}."]
+
+
+@pytest.mark.parametrize("faces", range(5))
+def test_smile_wording(faces):
+    for smiling in range(faces + 1):
+        flags = [i < smiling for i in range(faces)]
+        out = compose("Am I smiling?", stats(faces, faces > 0, smiling=flags))
+        well_formed(out)
+        if faces == 0:
+            assert out == ["I can't see a face, so I can't tell whether anyone is smiling."]
+        elif faces == 1:
+            assert out == [
+                "Yes, the face I can see is smiling." if smiling else "No, the face I can see isn't smiling."
+            ]
+    feelings = compose("How do I feel?", stats(1, True, smiling=[True]))
+    assert feelings[0] == "I can't tell how someone feels; I can only tell whether a face is smiling."
+
+
+def test_smile_counts():
+    assert answers.smile_count(0, 2) == "Neither face is smiling"
+    assert answers.smile_count(1, 2) == "One of the two faces is smiling"
+    assert answers.smile_count(2, 2) == "Both faces are smiling"
+    assert answers.smile_count(0, 3) == "None of the faces is smiling"
+    assert answers.smile_count(2, 3) == "Two of the three faces are smiling"
+    assert answers.smile_count(3, 3) == "All three faces are smiling"
+
+
+def _a_hand(fingers: int, gesture: str | None = None, raised: bool | None = None) -> Hand:
+    names = ("thumb", "index", "middle", "ring", "little")[:fingers]
+    return Hand(0.2, 0.5, "right", names, gesture, raised)
+
+
+@pytest.mark.parametrize("fingers", range(6))
+def test_hand_wording(fingers):
+    gesture = {0: "fist", 5: "open palm"}.get(fingers)
+    for hands in ((), (_a_hand(fingers, gesture, True),), (_a_hand(fingers, gesture), _a_hand(2, "victory"))):
+        out = compose("Can you see my hand? How many fingers?", stats(1, True, hands))
+        well_formed(out)
+    one = compose("Can you see my hand?", stats(1, True, (_a_hand(fingers, gesture, True),)))[0]
+    expected = {
+        0: "Yes, I can see a right hand on the left of the picture, raised, closed in a fist.",
+        1: "Yes, I can see a right hand on the left of the picture, raised, with one finger up (thumb).",
+        2: "Yes, I can see a right hand on the left of the picture, raised, with two fingers up (thumb and index).",
+        5: "Yes, I can see a right hand on the left of the picture, raised, open, with all five fingers up.",
+    }
+    if fingers in expected:
+        assert one == expected[fingers]
+    assert compose("Can you see my hand?", stats())[0] == "No, I don't see a hand."
+    two = compose(
+        "How many fingers am I holding up?", stats(1, True, (_a_hand(fingers, gesture), _a_hand(2, "victory")))
+    )
+    assert two[0] == "I can see two hands."
+    assert two[-1] == f"That's {answers.count(fingers + 2, 'finger')} up in all."
+
+
+@pytest.mark.parametrize("lines", [0, 1, 2, 8, 9, 12])
+def test_reading_wording(lines):
+    text = tuple(TextLine(f"Line {i}", 0.99, 0.5, (i + 0.5) / max(1, lines)) for i in range(lines))
+    out = compose("What does it say?", stats(text=text))
+    well_formed(out)
+    if lines == 0:
+        assert out[0] == "I don't see any text I can read."
+    elif lines == 1:
+        assert out == ['It says "Line 0", in the middle of the picture.']
+    else:
+        assert out[0].startswith(f"I can read {answers.number(lines)} lines")
+        assert out[0].count('"') == 2 * min(lines, answers.MAX_LINES)
+
+
+@pytest.mark.parametrize("confidence", [None, 0.3, 0.49, 0.5, 0.9])
+@pytest.mark.parametrize("faces", [0, 1, 2])
+def test_object_wording(confidence, faces):
+    main = None if confidence is None else MainObject("a cat", confidence, "tabby")
+    for question in ("What is this?", "Where is the cat?", "How many cats are there?", "What do you see?"):
+        well_formed(compose(question, stats(faces, faces > 0, main=main)))
+    first = compose("What is this?", stats(faces, faces > 0, main=main))[0]
+    if confidence is None:
+        assert first.startswith("I can see" if faces else "I can't tell what the main thing in the picture is")
+    elif confidence >= answers.CONFIDENT:
+        assert first == "It looks like a cat."
+    else:
+        assert first == "It might be a cat, but I'm not sure."
+    where = compose("Where is the cat?", stats(main=main))
+    assert where[-1].startswith("I can't say where an object is")
+
+
+@pytest.mark.parametrize(
+    ("brightness", "word"),
+    [
+        *[(0, "very dark"), (34.9, "very dark"), (35, "dark"), (69.9, "dark"), (70, "dimly lit")],
+        *[(109.9, "dimly lit"), (110, "well lit"), (189.9, "well lit"), (190, "very bright"), (255, "very bright")],
+    ],
+)
+def test_light_wording(brightness, word):
+    assert answers.light_word(brightness) == word
+    for question in ("Is it dark?", "Is it bright?", "How is the light?", "What do you see?"):
+        well_formed(compose(question, stats(brightness=brightness)))
+
+
+@pytest.mark.parametrize(
+    ("m", "words"),
+    [
+        *[(0.5, "less than a metre"), (0.74, "less than a metre"), (0.75, "about 1 metre"), (1.2, "about 1 metre")],
+        *[(1.3, "about 1.5 metres"), (2.0, "about 2 metres"), (5.0, "about 5 metres"), (5.1, "more than five metres")],
+    ],
+)
+def test_distance_wording(m, words):
+    assert answers.metres(m) == words
+
+
+def test_counts():
+    assert [answers.count(n, "person") for n in (0, 1, 2, 11)] == ["no one", "one person", "two people", "11 people"]
+    assert [answers.count(n, "face") for n in (0, 1, 2)] == ["no faces", "one face", "two faces"]
+
+
+def test_describe_puts_people_first_and_stays_short():
+    now = stats(1, True, (_a_hand(2, "victory", True),), [True], MainObject("a cup of coffee", 0.9, "espresso"))
+    out = compose("What do you see?", now)
+    well_formed(out)
+    assert out[0] == "I can see one person, in the centre, about 1 metre from the camera, smiling."
+    assert (
+        out[1]
+        == "A right hand on the left of the picture, raised, with two fingers up (thumb and index): a victory sign."
+    )
+    assert out[2] == "The main thing looks like a cup of coffee."
+    assert len(out) <= 5
 
 
 def test_follow_up_uses_the_conversation():
     history = [
         {"role": "user", "content": "Is it dark?"},
-        {"role": "assistant", "content": "No, it's well lit: the average brightness is 60 percent."},
+        {"role": "assistant", "content": "No, it's well lit: the brightness is 60 percent."},
     ]
     dark = [jpeg(camera_like(canvas((15, 15, 15))))]
     assert say("And now?", dark, history).startswith("It's very dark")
@@ -277,24 +453,20 @@ def test_follow_up_uses_the_conversation():
 
 
 def test_empty_question_describes_the_scene():
-    assert "The picture is mostly blue" in say("", [png(canvas((220, 60, 20)))])
+    assert "the picture is mostly blue" in say("", [png(canvas((220, 60, 20)))])
 
 
 def test_answer_streams_one_sentence_per_step():
-    turn = Turn(question="What do you see?", frames=[Frame(None, faces_frame([(320, 240, 150)]), None)])
-    run = SceneThinker().start(turn)
+    turn = Turn(question="What do you see?", frames=[Frame(None, jpeg(photo("camera")), None)])
+    thinker = SceneThinker()
+    run = thinker.start(turn)
     steps = []
     while not run.done:
         steps.append(run.step())
     assert len(steps) >= 3 and all(steps)
     assert all("".join(step).strip().endswith((".", "!", "?")) for step in steps)
-    expected = answers.answer(turn.question, [], scene.analyse([turn.frames[0].data]))
-    assert "".join(d for step in steps for d in step) == " ".join(expected)
-
-
-def test_who_is_there_asks_about_presence():
-    text = say("Who is there?", [faces_frame([(320, 240, 150)])])
-    assert text == "I can see one person, in the centre, close to the camera."
+    measured = scene.analyse([turn.frames[0].data], perception=thinker.perception)
+    assert "".join(d for step in steps for d in step) == " ".join(answers.answer(turn.question, [], measured))
 
 
 def test_no_frames_at_all():
@@ -305,4 +477,37 @@ def test_parse_intents():
     assert answers.parse("how many people and is it dark?") == [answers.Intent.PEOPLE, answers.Intent.LIGHT]
     assert answers.parse("tell me what colour the wall is") == [answers.Intent.COLOUR]
     assert answers.parse("what's happening?") == [answers.Intent.DESCRIBE]
+    assert answers.parse("can you see my hand?") == [answers.Intent.HANDS]
+    assert answers.parse("am i standing?") == [answers.Intent.POSE]
+    assert answers.parse("what does the sign say?") == [answers.Intent.READ]
+    assert answers.parse("what is this?") == [answers.Intent.OBJECT]
     assert answers.parse("") == []
+    assert answers.needs_reading("Can you read this?", []) and not answers.needs_reading("What is this?", [])
+
+
+def test_what_is_the_red_thing_combines_the_colour_with_the_other_observations():
+    red = scene.ColourRegion("red", 0.2, 0.5, 0.55, 0.4, 0.4)
+    cup = MainObject("a cup of coffee", 0.9, "espresso")
+
+    def with_red(**kw: object) -> scene.FrameStats:
+        base = stats(**kw)
+        return scene.FrameStats(
+            base.brightness, base.sharpness, base.colours, base.centre_colours, base.seen, {"red": red}
+        )
+
+    assert compose("What is the red thing?", with_red(main=cup)) == [
+        "There's a patch of red in the centre of the picture, about 20 percent of it.",
+        "It may be a cup of coffee: that's what the picture as a whole looks like.",
+    ]
+    assert (
+        compose("What is the red thing?", with_red())[-1]
+        == "I can't tell what it is: I can only say where the colour is."
+    )
+    held = compose("Where is the red thing?", with_red(hands=(Hand(0.5, 0.6, "right", (), "fist", None),)))
+    assert held == [
+        "There's a patch of red in the centre of the picture, about 20 percent of it: "
+        "near a hand, so probably something held."
+    ]
+    assert compose("Where is the red thing?", with_red(faces=1, body=True))[0].endswith(
+        "below the face, so probably the person's clothes."
+    )

@@ -400,3 +400,20 @@ def test_turns_waiting_on_a_slow_upstream_never_stall_speech_streams(fresh, pipe
         assert max(lateness) < 1.0, lateness
     finally:
         sched.stop()
+
+
+def test_the_observations_go_with_the_frames(fresh):
+    """With the perception models, the user turn carries what they measured, before the question."""
+    from photos import jpeg, photo
+
+    from video.engine.perception import shared
+    from video.engine.upstream import OBSERVATIONS_LEAD
+
+    fresh.script = stream(["A cup."])
+    turn = Turn("What is this?", [Frame("c", jpeg(photo("coffee")), 0)])
+    assert answer(thinker(fresh, models=shared()), turn) == "A cup."
+    content = fresh.requests[0]["body"]["messages"][-1]["content"]
+    observed = content[-2]
+    assert observed["type"] == "text" and observed["text"].startswith(OBSERVATIONS_LEAD)
+    assert "It looks like a cup of coffee." in observed["text"]
+    assert content[-1] == {"type": "text", "text": "What is this?"}

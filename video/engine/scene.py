@@ -1,53 +1,32 @@
 """Measurements over a turn's sampled frames: what the scene thinker is allowed to talk about.
 
-Everything here is measured with OpenCV and numpy on the frames themselves: faces (the frontal-face
-Haar cascade that ships in the opencv wheel) and where they are, the colours that cover the picture
-named in plain words, brightness and sharpness, and what changed or moved between the frames.
-No model guesses what objects are, so nothing here claims to know.
+The perception models (``video.engine.perception``: faces, pose, hands, expression, the main
+object, text on demand) look at the last frame, and faces and pose at the first one too, so a
+change in who is there is told from counts; OpenCV and numpy measure the rest on the frames
+themselves: the colours named in plain words and where each sits, the light, sharpness, and what
+changed or moved between the frames.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cache
+from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
 
-ANALYSIS_WIDTH = 320  # faces are searched at this width (a face must be >= ~40 px wide in a 640 px frame)
+from .perception import MODELS, PEOPLE_MODELS, Observations, Perception
+from .perception.types import Face, horizontal, vertical
+
+__all__ = ["Face", "FrameStats", "Motion", "Scene", "analyse", "horizontal"]
+
+ANALYSIS_WIDTH = 640  # the models see the frame at up to this width
 THUMB_SIZE = (80, 60)  # colours and motion are measured on thumbnails this size
+REGION_SIZE = (160, 120)  # coloured regions are located at this size
 MAX_ANALYSED_FRAMES = 8  # more sampled frames than this: evenly spaced ones, always with the last
-CASCADE = "haarcascade_frontalface_alt2.xml"  # fewest false faces of the shipped frontal cascades
-MIN_FACE_PX = 20
 MOTION_PIXEL_DELTA = 30  # levels (0-255) a thumbnail pixel's colour channel must change by to count as changed
-MIN_COLOUR_SHARE = 0.01  # colours covering less of the picture are not measured at all
-
-
-@dataclass(frozen=True)
-class Face:
-    """A detected face; coordinates are fractions of the frame (0..1)."""
-
-    cx: float
-    cy: float
-    width: float
-
-    @property
-    def side(self) -> str:
-        return horizontal(self.cx)
-
-    @property
-    def distance(self) -> str:
-        """How far from the camera, by the face's share of the frame width.
-
-        With a typical webcam (about 60 degrees across) a face box fills a quarter of the width at
-        roughly 0.6 m and an eighth at roughly 1.3 m.
-        """
-        if self.width >= 0.25:
-            return "close"
-        if self.width >= 0.12:
-            return "middle"
-        return "far"
+MIN_COLOUR_SHARE = 0.01  # colours covering less of the picture are not listed in its colours
+MIN_REGION_SHARE = 0.003  # a coloured patch this big (a ball across a room) is located when asked about
 
 
 @dataclass(frozen=True)
@@ -58,12 +37,40 @@ class ColourShare:
 
 
 @dataclass(frozen=True)
+class ColourRegion:
+    """The largest patch of one colour; coordinates are fractions of the frame."""
+
+    name: str
+    share: float  # of the whole picture, all patches of the colour together
+    cx: float
+    cy: float
+    width: float
+    height: float
+
+    @property
+    def where(self) -> str:
+        v, h = vertical(self.cy), horizontal(self.cx)
+        if v == "middle":
+            return "in the centre" if h == "centre" else f"on the {h}"
+        return f"at the {v}" if h == "centre" else f"at the {v} {h}"
+
+    def contains(self, x: float, y: float, margin: float = 0.0) -> bool:
+        return abs(x - self.cx) <= self.width / 2 + margin and abs(y - self.cy) <= self.height / 2 + margin
+
+
+@dataclass(frozen=True)
 class FrameStats:
-    brightness: float  # mean luma, 0 (black) .. 255 (white)
+    brightness: float  # mean HSV value (the brightest channel), 0 (black) .. 255: how lit, whatever the hue
     sharpness: float  # variance of the Laplacian at analysis width (low: blurred or featureless)
     colours: tuple[ColourShare, ...]  # largest share first
     centre_colours: tuple[ColourShare, ...]  # the middle third of the picture only
-    faces: tuple[Face, ...]  # left to right
+    seen: Observations = field(default_factory=Observations)  # what the perception models found
+    regions: dict[str, ColourRegion] = field(default_factory=dict)  # colour name -> its largest patch
+    luma: float | None = None  # mean luma, when measured (brightness changes are told from it)
+
+    @property
+    def faces(self) -> tuple[Face, ...]:
+        return self.seen.faces
 
 
 @dataclass(frozen=True)
@@ -87,24 +94,12 @@ class Scene:
     unreadable: int  # frames that did not decode (the transport should never send one)
 
 
-def horizontal(x: float) -> str:
-    return "left" if x < 1 / 3 else "right" if x > 2 / 3 else "centre"
-
-
-@cache
-def _face_cascade() -> cv2.CascadeClassifier:
-    cascade = cv2.CascadeClassifier(cv2.data.haarcascades + CASCADE)
-    if cascade.empty():
-        raise RuntimeError(f"OpenCV's {CASCADE} did not load")
-    return cascade
-
-
-def warm_up() -> None:
-    """Load the cascade and run every measurement once (first calls are slower)."""
+def warm_up(perception: Perception) -> None:
+    """Run every measurement once (first calls are slower)."""
     img = np.full((240, 320, 3), 128, np.uint8)
     ok, data = cv2.imencode(".jpg", img)
     assert ok
-    analyse([data.tobytes(), data.tobytes()])
+    analyse([data.tobytes(), data.tobytes()], perception=perception, read=True)
 
 
 def pick(n: int, limit: int = MAX_ANALYSED_FRAMES) -> list[int]:
@@ -114,11 +109,19 @@ def pick(n: int, limit: int = MAX_ANALYSED_FRAMES) -> list[int]:
     return sorted({round(i * (n - 1) / (limit - 1)) for i in range(limit)})
 
 
-def analyse(frames: Sequence[bytes], pts_ms: Sequence[float | None] | None = None) -> Scene:
+def analyse(
+    frames: Sequence[bytes],
+    pts_ms: Sequence[float | None] | None = None,
+    *,
+    perception: Perception | None = None,
+    models: frozenset[str] = MODELS,
+    read: bool = False,
+) -> Scene:
     """Decode and measure the frames (oldest first).
 
-    Every analysed frame gives a thumbnail for the motion measures; the full measures (faces are
-    the costly part) are taken on the first and the last frame only: "now" and "before".
+    Every analysed frame gives a thumbnail for the motion measures; the named ``models`` run on the
+    last frame ("now"; the text reader only when ``read``), and those of them that count people on
+    the first ("before"). Without ``perception`` only the OpenCV measures are taken.
     """
     images: list[np.ndarray] = []
     kept_pts: list[float | None] = []
@@ -132,23 +135,30 @@ def analyse(frames: Sequence[bytes], pts_ms: Sequence[float | None] | None = Non
         kept_pts.append(pts_ms[i] if pts_ms is not None and i < len(pts_ms) else None)
     thumbs = [cv2.resize(img, THUMB_SIZE, interpolation=cv2.INTER_AREA) for img in images]
     return Scene(
-        now=measure(images[-1], thumbs[-1]) if images else None,
-        before=measure(images[0], thumbs[0]) if len(images) >= 2 else None,
+        now=measure(images[-1], thumbs[-1], perception, models, read=read) if images else None,
+        before=measure(images[0], thumbs[0], perception, models & PEOPLE_MODELS) if len(images) >= 2 else None,
         motion=measure_motion(thumbs, kept_pts) if len(thumbs) >= 2 else None,
         received=len(frames),
         unreadable=unreadable,
     )
 
 
-def measure(img: np.ndarray, thumb: np.ndarray) -> FrameStats:
+def measure(
+    img: np.ndarray, thumb: np.ndarray, perception: Perception | None, models: frozenset[str], *, read: bool = False
+) -> FrameStats:
     gray = cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
+    small = _resize_to_width(gray, 320)  # sharpness at a fixed scale, whatever the frame size
     third = THUMB_SIZE[0] // 3
+    run = perception is not None and (models or read)
+    seen = perception.observe(img, models=models, read=read) if run else Observations()
     return FrameStats(
-        brightness=float(cv2.cvtColor(thumb, cv2.COLOR_BGR2GRAY).mean()),
-        sharpness=float(cv2.Laplacian(gray, cv2.CV_32F).var()),
+        brightness=float(cv2.cvtColor(thumb, cv2.COLOR_BGR2HSV)[..., 2].mean()),
+        sharpness=float(cv2.Laplacian(small, cv2.CV_32F).var()),
         colours=name_colours(thumb),
         centre_colours=name_colours(thumb[:, third : 2 * third], locate=False),
-        faces=find_faces(gray),
+        seen=seen,
+        regions=colour_regions(cv2.resize(img, REGION_SIZE, interpolation=cv2.INTER_AREA)),
+        luma=float(cv2.cvtColor(thumb, cv2.COLOR_BGR2GRAY).mean()),
     )
 
 
@@ -157,14 +167,6 @@ def _resize_to_width(img: np.ndarray, width: int) -> np.ndarray:
     if w <= width:
         return img
     return cv2.resize(img, (width, max(1, round(h * width / w))), interpolation=cv2.INTER_AREA)
-
-
-def find_faces(gray: np.ndarray) -> tuple[Face, ...]:
-    """Frontal faces, left to right, as fractions of the frame."""
-    h, w = gray.shape[:2]
-    found = _face_cascade().detectMultiScale(gray, scaleFactor=1.1, minNeighbors=4, minSize=(MIN_FACE_PX, MIN_FACE_PX))
-    faces = [Face(cx=(x + fw / 2) / w, cy=(y + fh / 2) / h, width=fw / w) for x, y, fw, fh in found]
-    return tuple(sorted(faces, key=lambda f: f.cx))
 
 
 # Hue bands on OpenCV's 0-179 hue scale, for saturated pixels.
@@ -202,7 +204,7 @@ def colour_names(hsv: np.ndarray) -> np.ndarray:
 
 def name_colours(bgr: np.ndarray, locate: bool = True) -> tuple[ColourShare, ...]:
     """The colours covering at least ``MIN_COLOUR_SHARE`` of the picture, largest first, with where they sit."""
-    names = colour_names(cv2.cvtColor(bgr, cv2.COLOR_BGR2HSV))
+    names = colour_names(cv2.cvtColor(bgr, cv2.COLOR_BGR2HSV)).astype("U6")
     total = names.size
     xs = np.broadcast_to(np.arange(names.shape[1]) / max(1, names.shape[1] - 1), names.shape)
     out = []
@@ -216,6 +218,28 @@ def name_colours(bgr: np.ndarray, locate: bool = True) -> tuple[ColourShare, ...
         where = horizontal(float(col.mean())) if locate and share < 0.5 and col.std() < 0.2 else None
         out.append(ColourShare(str(name), float(share), where))
     return tuple(out)
+
+
+def colour_regions(bgr: np.ndarray) -> dict[str, ColourRegion]:
+    """For each colour covering at least ``MIN_REGION_SHARE``: its largest connected patch and total share."""
+    names = colour_names(cv2.cvtColor(bgr, cv2.COLOR_BGR2HSV)).astype("U6")  # fixed-width: a C sort, not Python's
+    h, w = names.shape
+    out: dict[str, ColourRegion] = {}
+    for name in np.unique(names):
+        mask = (names == name).astype(np.uint8)
+        share = float(mask.mean())
+        if share < MIN_REGION_SHARE:
+            continue
+        mask = cv2.morphologyEx(mask, cv2.MORPH_OPEN, np.ones((2, 2), np.uint8))  # single stray pixels out
+        count, _, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
+        if count < 2:
+            continue
+        biggest = 1 + int(np.argmax(stats[1:, cv2.CC_STAT_AREA]))
+        x, y, bw, bh, area = stats[biggest]
+        if area < MIN_REGION_SHARE * h * w:
+            continue
+        out[str(name)] = ColourRegion(str(name), share, (x + bw / 2) / w, (y + bh / 2) / h, bw / w, bh / h)
+    return out
 
 
 def measure_motion(thumbs: Sequence[np.ndarray], pts_ms: Sequence[float | None]) -> Motion:

@@ -2,8 +2,9 @@
 
 The thinker loop calls ``start`` once per turn and then ``step`` once per engine step until the run
 is ``done``, so the scheduler can interleave turns with other work and drop a turn between any two
-steps. Two implementations, chosen by ``OMNIWEB_VIDEO_THINKER``: ``scene`` (offline, measures the
-frames with OpenCV) and ``upstream`` (an OpenAI-compatible chat-completions server with image input).
+steps. Two implementations, chosen by ``OMNIWEB_VIDEO_THINKER``: ``scene`` (offline: the perception
+models and OpenCV measure the frames, ``answers`` words what they found) and ``upstream`` (an
+OpenAI-compatible chat-completions server with image input, given the same observations as text).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from . import answers, scene
+from . import answers, perception, scene
 
 WORDS_PER_DELTA = 4  # the scene thinker streams each sentence in deltas of a few words
 
@@ -80,22 +81,27 @@ class Thinker(Protocol):
 
 
 class SceneThinker:
-    """Answers from OpenCV measurements of the frames; nothing it says is guessed."""
+    """Answers from what the perception models and measures found in the frames; nothing is guessed.
+
+    ``system_prompt`` has no effect here: the answers are composed from observations, not generated.
+    """
 
     name = "scene"
 
     def __init__(self) -> None:
-        scene.warm_up()  # cascade loaded and first-call costs paid before the first request
+        self.perception = perception.shared()  # models loaded once per engine process
+        scene.warm_up(self.perception)  # first-call costs paid before the first request
 
     def start(self, turn: Turn) -> SceneRun:
-        return SceneRun(turn)
+        return SceneRun(turn, self.perception)
 
 
 class SceneRun:
     """Step 1 measures the frames and streams the first sentence; each later step streams one more."""
 
-    def __init__(self, turn: Turn) -> None:
+    def __init__(self, turn: Turn, models: perception.Perception) -> None:
         self._turn = turn
+        self._models = models
         self._sentences: deque[str] | None = None
         self._first = True
 
@@ -106,7 +112,13 @@ class SceneRun:
     def step(self) -> list[str]:
         if self._sentences is None:
             turn = self._turn
-            measured = scene.analyse([f.data for f in turn.frames], [f.pts_ms for f in turn.frames])
+            measured = scene.analyse(
+                [f.data for f in turn.frames],
+                [f.pts_ms for f in turn.frames],
+                perception=self._models,
+                models=answers.models_for(turn.question, turn.history),
+                read=answers.needs_reading(turn.question, turn.history),
+            )
             self._sentences = deque(answers.answer(turn.question, turn.history, measured))
         if not self._sentences:
             return []

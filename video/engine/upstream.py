@@ -2,8 +2,9 @@
 
 Any server that speaks ``POST {base}/chat/completions`` with ``stream: true`` and ``image_url`` parts
 works (vLLM, vllm-omni, llama.cpp's server, Ollama). The sampled frames go as data-URL image parts
-of the user message, after the system prompt and the conversation so far; the answer's deltas come
-back as server-sent events.
+of the user message, after the system prompt and the conversation so far, followed by what the
+perception models measured on them (as text, so a VLM behind it is grounded in the same observations
+as the default thinker); the answer's deltas come back as server-sent events.
 
 The HTTP exchange uses the standard library (``http.client``): one streaming POST needs no more,
 and the project carries no HTTP client library. It runs on a reader thread per turn that parses
@@ -39,6 +40,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from . import answers, perception, scene
 from .thinkers import ThinkerError, Turn
 
 logger = logging.getLogger(__name__)
@@ -75,8 +77,11 @@ def image_url(data: bytes) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
-def build_messages(turn: Turn) -> list[dict[str, Any]]:
-    """System prompt, the earlier turns as text, then the question with the frames as image parts."""
+OBSERVATIONS_LEAD = "What on-device vision models measured in these frames (they can be wrong): "
+
+
+def build_messages(turn: Turn, observations: str | None = None) -> list[dict[str, Any]]:
+    """System prompt, the earlier turns as text, then the frames as image parts, the observations and the question."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": turn.system_prompt or DEFAULT_SYSTEM_PROMPT}]
     for item in turn.history:
         if item.get("role") in ("user", "assistant") and isinstance(item.get("content"), str):
@@ -84,6 +89,8 @@ def build_messages(turn: Turn) -> list[dict[str, Any]]:
     content: list[dict[str, Any]] = [
         {"type": "image_url", "image_url": {"url": image_url(f.data)}} for f in turn.frames
     ]
+    if observations:
+        content.append({"type": "text", "text": OBSERVATIONS_LEAD + observations})
     content.append({"type": "text", "text": turn.question or DEFAULT_QUESTION})
     messages.append({"role": "user", "content": content})
     return messages
@@ -92,7 +99,15 @@ def build_messages(turn: Turn) -> list[dict[str, Any]]:
 class UpstreamThinker:
     name = "upstream"
 
-    def __init__(self, url: str, model: str, api_key: str, timeout: float, max_tokens: int) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        api_key: str,
+        timeout: float,
+        max_tokens: int,
+        models: perception.Perception | None = None,
+    ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ImproperlyConfigured(
@@ -107,6 +122,7 @@ class UpstreamThinker:
         self.api_key = api_key
         self.timeout = timeout
         self.max_tokens = max_tokens
+        self.models = models  # None: the frames go without observations
 
     @classmethod
     def from_settings(cls) -> UpstreamThinker:
@@ -118,12 +134,13 @@ class UpstreamThinker:
             settings.VIDEO_UPSTREAM_API_KEY,
             settings.VIDEO_UPSTREAM_TIMEOUT,
             settings.VIDEO_UPSTREAM_MAX_TOKENS,
+            perception.shared(),
         )
 
     def start(self, turn: Turn) -> UpstreamRun:
         body: dict[str, Any] = {
             "model": turn.model or self.model or "default",
-            "messages": build_messages(turn),
+            "messages": build_messages(turn, self.observe(turn)),
             "stream": True,
         }
         if self.max_tokens > 0:
@@ -145,6 +162,18 @@ class UpstreamThinker:
             daemon=True,
         ).start()
         return UpstreamRun(stream)
+
+    def observe(self, turn: Turn) -> str | None:
+        """The default thinker's description of the frames (with the text read, for reading questions)."""
+        if self.models is None or not turn.frames:
+            return None
+        measured = scene.analyse(
+            [f.data for f in turn.frames],
+            [f.pts_ms for f in turn.frames],
+            perception=self.models,
+            read=answers.needs_reading(turn.question, turn.history),
+        )
+        return " ".join(answers.answer("", [], measured))
 
 
 class _Stream:
