@@ -142,3 +142,23 @@ def test_pacing_keeps_the_stream_near_real_time(pipeline):
         sent += size
     audio_seconds = sent / 48000
     assert arrivals[-1][0] - first >= audio_seconds - 0.5 - 0.25  # paced, not ~100x real time
+
+
+def test_no_talker_step_grows_with_an_unpunctuated_sentence(pipeline, monkeypatch):
+    """4,000 characters without a clause mark: every talker step gets a bounded piece (issue #11)."""
+    from django.conf import settings
+
+    seen: list[str] = []
+    talk = pipeline.talker.talk
+
+    def spy(voice, index, text, *args):
+        seen.append(text)
+        return talk(voice, index, text, *args)
+
+    monkeypatch.setattr(pipeline.talker, "talk", spy)
+    text = " ".join(["blue"] * 800)
+    chunks = synthesize(pipeline, text=text, split="none", max_frames=4)
+    assert chunks[-1]["status"] == "ok"
+    assert len(seen) == 14 and max(map(len, seen)) <= settings.TALKER_MAX_UNIT_CHARS
+    starts = [c["text"] for c in chunks if c["type"] == "sentence.start"]
+    assert " ".join(starts) == text  # each bounded piece is a sentence on the wire, in order
