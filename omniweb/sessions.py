@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,7 +15,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from omniweb import metrics
-from omniweb.protocol import error
+from omniweb.protocol import dumps, error
 from omniweb.transport import client_stalled
 
 
@@ -48,7 +47,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     async def send_json(self, payload: dict[str, Any]) -> None:
         metrics.count_error_message(payload)  # ops: omniweb_errors_total for every `error` sent
-        await self.send(text_data=json.dumps(payload))
+        await self.send(text_data=dumps(payload))  # strict JSON: never NaN/Infinity
 
 
 class SessionClock:

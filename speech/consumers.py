@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import json
 import logging
 import uuid
 from collections import deque
@@ -25,6 +24,7 @@ from django.conf import settings
 from omniweb import metrics  # ops instrumentation: time to first audio
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
+from omniweb.protocol import excerpt
 from omniweb.sessions import SessionClock, SessionConsumer
 
 from . import protocol
@@ -147,11 +147,11 @@ class SpeechStreamConsumer(SessionConsumer):
         if msg_type == "session.config":
             await self.on_session_config(msg)
         elif self.config is None:
-            await self.fail(f"Expected session.config, got: {msg_type}")
+            await self.fail(f"Expected session.config, got: {excerpt(msg_type)}")
         elif isinstance(msg_type, str) and msg_type in self.handlers:
             await self.handlers[msg_type](msg)
         else:
-            await self.send_json(protocol.error(f"Unknown message type: {msg_type}"))
+            await self.send_json(protocol.error(f"Unknown message type: {excerpt(msg_type)}"))
 
     # -- handlers, one per message type ------------------------------------------------------------
     async def on_session_config(self, msg: dict[str, Any]) -> None:
@@ -458,7 +458,7 @@ def _is_cancel(raw: str) -> bool:
     if len(raw) > protocol.MAX_OTHER_MESSAGE_SIZE:
         return False
     try:
-        msg = json.loads(raw)
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(msg, dict) and msg.get("type") == "input.cancel"
+        msg = protocol.parse_message(raw)
+    except ProtocolError:
+        return False  # handled (and reported) in arrival order with the held messages
+    return msg.get("type") == "input.cancel"

@@ -31,6 +31,7 @@ from django.conf import settings
 
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
+from omniweb.protocol import excerpt
 from omniweb.sessions import SessionClock, SessionConsumer
 from speech.tts.model import capabilities
 
@@ -191,7 +192,7 @@ class VideoStreamConsumer(SessionConsumer):
             msg_type = item.get("type")
             handler = self.handlers.get(msg_type) if isinstance(msg_type, str) else None
             if handler is None:
-                await self.send_json(protocol.error(f"Unknown type: {msg_type}"))
+                await self.send_json(protocol.error(f"Unknown type: {excerpt(msg_type)}"))
                 continue
             await handler(item)
 
@@ -206,6 +207,11 @@ class VideoStreamConsumer(SessionConsumer):
             return
         if len(text) > protocol.MAX_FRAME_SIZE:
             await self.send_json(protocol.error("Frame too large"))
+            return
+        try:
+            protocol.check_frame_timestamps(msg)
+        except ProtocolError as exc:
+            await self.send_json(protocol.error(exc.message))
             return
         try:
             prepared = await asyncio.to_thread(

@@ -1,0 +1,119 @@
+"""Hostile input on both endpoints (issue #11): every parse failure is an ``error``, nothing the
+server sends is non-standard JSON, errors quote at most a short excerpt of the client's input, and
+messages held during an utterance keep their order whatever fails among them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import expect_error, receive_json, receive_until_done
+from test_video_session import VIDEO_PATH, b64, frame, jpeg, sync, video
+
+from omniweb.protocol import MAX_ECHO_CHARS, ProtocolError, dumps, loads
+
+HUGE_INT = "9" * 5000  # over Python's 4300-digit int limit: json.loads raises ValueError
+LOCAL = pytest.mark.parametrize("engine", ["local"], indirect=True)  # transport rules: one engine path is enough
+
+
+def strict(text: str) -> dict:
+    """Parse as standard JSON only (Python's json accepts NaN and Infinity by default)."""
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"server sent non-standard JSON ({name}): {text[:200]}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_loads_refuses_what_standard_json_has_not():
+    for raw, reason in [
+        ('{"a": NaN}', "NaN is not a JSON number"),
+        ('{"a": -Infinity}', "-Infinity is not a JSON number"),
+        ('{"a": 1e400}', "number out of range"),
+        ('{"a": ' + HUGE_INT + "}", "integer longer than 64 digits"),
+    ]:
+        with pytest.raises(ProtocolError) as info:
+            loads(raw, "Invalid JSON message")
+        assert info.value.message == f"Invalid JSON message: {reason}"
+    with pytest.raises(ProtocolError, match="^Invalid JSON$"):
+        loads("[" * 100_000)  # nesting: RecursionError inside the parser
+    with pytest.raises(ValueError):
+        dumps({"pts_ms": float("nan")})
+
+
+@LOCAL
+async def test_speech_huge_integer_is_an_error_and_the_session_lives(connect):
+    comm = await connect()
+    await comm.send_json_to({"type": "session.config", "response_format": "pcm", "stream_audio": True})
+    await comm.send_to(text_data='{"type": "input.text", "text": "x", "n": ' + HUGE_INT + "}")
+    assert await expect_error(comm) == "Invalid JSON message: integer longer than 64 digits"
+    await comm.send_json_to({"type": "input.text", "text": "Still speaking."})
+    await comm.send_json_to({"type": "input.done"})
+    done = await receive_until_done(comm)
+    assert [s.start["sentence_text"] for s in done.sentences()] == ["Still speaking."]
+
+
+@LOCAL
+async def test_held_messages_keep_their_order_when_one_of_them_fails(connect):
+    comm = await connect()
+    await comm.send_json_to({"type": "session.config", "response_format": "pcm", "stream_audio": True})
+    texts = ["One two three.", "Four five six.", "Seven eight."]
+    await comm.send_json_to({"type": "input.text", "text": texts[0]})
+    await comm.send_json_to({"type": "input.done"})
+    # held while the first utterance plays: a bad message between two good utterances
+    await comm.send_to(text_data='{"type": "input.text", "n": ' + HUGE_INT + "}")
+    await comm.send_to(text_data='{"type": "input.text", "n": NaN}')
+    for text in texts[1:]:
+        await comm.send_json_to({"type": "input.text", "text": text})
+        await comm.send_json_to({"type": "input.done"})
+    spoken, errors = [], []
+    for _ in texts:
+        done = await receive_until_done(comm)
+        spoken += [s.start["sentence_text"] for s in done.sentences()]
+        errors += done.errors
+    assert spoken == texts
+    assert errors == [
+        "Invalid JSON message: integer longer than 64 digits",
+        "Invalid JSON message: NaN is not a JSON number",
+    ]
+
+
+@LOCAL
+async def test_errors_quote_only_a_short_excerpt(connect):
+    comm = await connect()
+    await comm.send_json_to({"type": "session.config"})
+    await comm.send_json_to({"type": "x" * 120_000})
+    message = await expect_error(comm)
+    assert message.startswith("Unknown message type: xxx") and len(message) < 30 + MAX_ECHO_CHARS
+    await comm.send_json_to({"type": ["y"] * 10_000})
+    assert await expect_error(comm) == "Unknown message type: list"
+    vid = await video(connect, modalities=["text"])
+    await vid.send_json_to({"type": "z" * 1_000_000})
+    message = await expect_error(vid)
+    assert message.startswith("Unknown type: zzz") and len(message) < 30 + MAX_ECHO_CHARS
+    await vid.send_json_to({"type": "session.config", "voice": "v" * 100_000})
+    assert len(await expect_error(vid)) < 30 + MAX_ECHO_CHARS
+
+
+@LOCAL
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e308", "-1e300", str(2**60)])
+async def test_video_frame_with_an_absurd_timestamp_is_refused(connect, value):
+    comm = await video(connect, modalities=["text"], enable_frame_filter=False)
+    data = b64(jpeg())
+    raw = f'{{"type": "video.frame", "frame_id": "f1", "data": "{data}", "pts_ms": {value}}}'
+    await comm.send_to(text_data=raw)
+    out = await comm.receive_output(10)
+    msg = strict(out["text"])
+    assert msg["type"] == "error"
+    assert msg["message"].startswith("Invalid JSON") or msg["message"].startswith("Invalid pts_ms")
+    await frame(comm, jpeg(), "f2", pts_ms=40, capture_ts_ms=1.5)  # the session goes on
+    ack = await receive_json(comm)
+    assert ack["type"] == "video.frame.ack" and ack["pts_ms"] == 40 and ack["accepted"]
+    await sync(comm)
+
+
+@LOCAL
+async def test_video_first_message_with_huge_integer_is_a_clear_refusal(connect):
+    comm = await connect(VIDEO_PATH)
+    await comm.send_to(text_data='{"type": "session.config", "num_frames": ' + HUGE_INT + "}")
+    assert await expect_error(comm) == "Invalid JSON in session.config: integer longer than 64 digits"
