@@ -35,7 +35,7 @@ def test_loads_refuses_what_standard_json_has_not():
         with pytest.raises(ProtocolError) as info:
             loads(raw, "Invalid JSON message")
         assert info.value.message == f"Invalid JSON message: {reason}"
-    with pytest.raises(ProtocolError, match="^Invalid JSON$"):
+    with pytest.raises(ProtocolError, match=r"^Invalid JSON$"):
         loads("[" * 100_000)  # nesting: RecursionError inside the parser
     with pytest.raises(ValueError):
         dumps({"pts_ms": float("nan")})
