@@ -25,7 +25,7 @@ from omniweb import metrics  # ops instrumentation: time to first audio
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
 from omniweb.protocol import excerpt
-from omniweb.sessions import SessionClock, SessionConsumer
+from omniweb.sessions import SessionClock, SessionConsumer, spawn
 
 from . import protocol
 from .codec import wire
@@ -97,7 +97,7 @@ class SpeechStreamConsumer(SessionConsumer):
             on_timeout=self.on_timeout,
         )
         await self.accept()
-        self.watchdog = asyncio.ensure_future(self.clock.run())
+        self.watchdog = spawn(self.clock.run(), "speech session clock")
         self.handlers: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
             "input.text": self.on_input_text,
             "input.done": self.on_input_done,
@@ -242,7 +242,7 @@ class SpeechStreamConsumer(SessionConsumer):
             request.update(pipeline=CODEC_PIPELINE, codec_output="codes", timestamps=False, first_chunk_frames=None)
         elif config.vocoder == "codec":
             request.update(pipeline=CODEC_PIPELINE, codec_output="pcm")
-        self.generation = asyncio.ensure_future(self._run_utterance(self.utterance, request, config))
+        self.generation = spawn(self._run_utterance(self.utterance, request, config), "speech utterance")
 
     async def cancel_utterance(self) -> None:
         if self.utterance is not None and not self.utterance.cancelled:

@@ -4,6 +4,7 @@ messages held during an utterance keep their order whatever fails among them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -117,3 +118,38 @@ async def test_video_first_message_with_huge_integer_is_a_clear_refusal(connect)
     comm = await connect(VIDEO_PATH)
     await comm.send_to(text_data='{"type": "session.config", "num_frames": ' + HUGE_INT + "}")
     assert await expect_error(comm) == "Invalid JSON in session.config: integer longer than 64 digits"
+
+
+async def test_unknown_websocket_path_is_refused_without_a_traceback():
+    from channels.testing import WebsocketCommunicator
+
+    from omniweb.asgi import application
+
+    for path in ["/no/such/path", "/v1/audio/speech/stream/extra", "/" + "a" * 10_000]:
+        comm = WebsocketCommunicator(application, path)
+        connected, _ = await comm.connect(timeout=5)  # before: the router raised ValueError (HTTP 500)
+        assert connected is False
+        await comm.wait(timeout=5)
+        assert comm.future.exception() is None
+
+
+async def test_a_failing_session_task_is_logged_once_and_never_left_unretrieved(caplog):
+    import gc
+
+    from omniweb.sessions import spawn
+
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict] = []
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+
+    async def boom() -> None:
+        raise RuntimeError("lost mid-turn")
+
+    task = spawn(boom(), "test task")
+    await asyncio.sleep(0.01)
+    del task
+    gc.collect()
+    await asyncio.sleep(0)
+    loop.set_exception_handler(None)
+    assert unretrieved == []
+    assert [r.getMessage() for r in caplog.records if r.name == "omniweb.sessions"] == ["test task failed"]

@@ -32,7 +32,7 @@ from django.conf import settings
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
 from omniweb.protocol import excerpt
-from omniweb.sessions import SessionClock, SessionConsumer
+from omniweb.sessions import SessionClock, SessionConsumer, spawn
 from speech.tts.model import capabilities
 
 from . import frames, protocol
@@ -121,7 +121,7 @@ class VideoStreamConsumer(SessionConsumer):
             on_timeout=self.on_timeout,
         )
         await self.accept()
-        self.tasks.append(asyncio.ensure_future(self.clock.run()))
+        self.tasks.append(spawn(self.clock.run(), "video session clock"))
         self.handlers: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
             "video.frame": self.on_video_frame,
             "audio.chunk": self.on_audio_chunk,
@@ -177,8 +177,8 @@ class VideoStreamConsumer(SessionConsumer):
         if config.enable_frame_filter:
             self.filter = frames.SimilarityFilter(config.frame_filter_threshold)
         self.state = SessionState.READY
-        self.tasks.append(asyncio.ensure_future(self._process()))
-        self.tasks.append(asyncio.ensure_future(self._decode_ahead()))
+        self.tasks.append(spawn(self._process(), "video session processor"))
+        self.tasks.append(spawn(self._decode_ahead(), "video frame decoder"))
 
     # -- the processor: one handler per message type -----------------------------------------------
     async def _process(self) -> None:
@@ -300,7 +300,7 @@ class VideoStreamConsumer(SessionConsumer):
         self.turn = turn
         if self.state is SessionState.READY:
             self.state = SessionState.ANSWERING
-        turn.task = asyncio.ensure_future(self._run_turn(turn, self.config, audio))
+        turn.task = spawn(self._run_turn(turn, self.config, audio), "video turn")
 
     async def on_video_done(self, msg: dict[str, Any]) -> None:
         turn = self.turn

@@ -151,13 +151,13 @@ class ChannelEngineClient:
                 except TimeoutError:
                     lost = self._owners.get(rid) is not None
                     logger.warning("request %s: %s", rid, "worker lost" if lost else "no worker accepted it")
-                    ended = True
+                    # ``ended`` stays False: the finally block still sends the abort, so a worker that
+                    # was only paused stops this request when it resumes instead of generating on.
                     yield _end("error", "engine worker lost" if lost else "no engine worker available")
                     return
                 except Exception:
                     logger.exception("channel layer failed while streaming %s", rid)
-                    ended = True
-                    yield _end("error", "engine connection lost")
+                    yield _end("error", "engine connection lost")  # the abort below is best effort
                     return
                 if msg.get("request_id") != rid:
                     continue
