@@ -113,7 +113,20 @@ class SpeechStreamConsumer(SessionConsumer):
         if self.generation is not None:
             # Cancelling the task closes the engine stream, which aborts the request in the engine.
             await asyncio.gather(self.generation, return_exceptions=True)
+        self._release()
         logger.info("speech session closed (code %s)", code)
+
+    def _release(self) -> None:
+        """Drop buffered text, held messages and the references that make the session a cycle
+        (clock and handler closures, tasks), so a closed session is freed without the cyclic GC."""
+        for name in ("text_parts", "pending", "handlers"):
+            with contextlib.suppress(AttributeError):  # connect may have failed before setting it
+                getattr(self, name).clear()
+        self.pending_bytes = 0
+        self.utterance = None
+        self.generation = None
+        self.watchdog = None
+        self.clock = None
 
     # -- the single reader -------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:

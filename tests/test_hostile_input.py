@@ -153,3 +153,43 @@ async def test_a_failing_session_task_is_logged_once_and_never_left_unretrieved(
     loop.set_exception_handler(None)
     assert unretrieved == []
     assert [r.getMessage() for r in caplog.records if r.name == "omniweb.sessions"] == ["test task failed"]
+
+
+@LOCAL
+async def test_closed_sessions_are_freed_without_the_cyclic_collector(engine):
+    """A closed session's buffers go at once: no reference cycle keeps its frames alive (gc disabled)."""
+    import gc
+
+    from channels.testing import WebsocketCommunicator
+
+    from omniweb.asgi import application
+    from speech.consumers import SpeechStreamConsumer
+    from video.consumers import VideoStreamConsumer
+
+    def alive(cls: type) -> int:
+        return sum(1 for o in gc.get_objects() if isinstance(o, cls))
+
+    gc.collect()
+    gc.disable()
+    try:
+        before = alive(VideoStreamConsumer), alive(SpeechStreamConsumer)
+        comm = WebsocketCommunicator(application, VIDEO_PATH)
+        assert (await comm.connect())[0]
+        await comm.send_json_to({"type": "session.config", "modalities": ["text"], "enable_frame_filter": False})
+        for i in range(3):
+            await frame(comm, jpeg(level=i * 80, width=640, height=480), f"f{i}")
+            assert (await receive_json(comm))["accepted"]
+        await comm.disconnect()
+        comm = WebsocketCommunicator(application, "/v1/audio/speech/stream")
+        assert (await comm.connect())[0]
+        await comm.send_json_to({"type": "session.config", "response_format": "pcm", "stream_audio": True})
+        await comm.send_json_to({"type": "input.text", "text": "Freed at once."})
+        await comm.send_json_to({"type": "input.done"})
+        await receive_until_done(comm)
+        await comm.send_json_to({"type": "input.text", "text": "Buffered, never flushed."})
+        await comm.disconnect()
+        del comm
+        await asyncio.sleep(0.1)
+        assert (alive(VideoStreamConsumer), alive(SpeechStreamConsumer)) == before
+    finally:
+        gc.enable()

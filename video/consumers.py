@@ -132,7 +132,19 @@ class VideoStreamConsumer(SessionConsumer):
 
     async def disconnect(self, code: int) -> None:
         await self._shutdown()
+        self._release()
         logger.info("video session closed (code %s)", code)
+
+    def _release(self) -> None:
+        """Drop the session's buffers and the references that make it a cycle (clock and handler
+        closures, tasks), so a closed session is freed at once, not at the cyclic collector's leisure."""
+        for name in ("frames", "decode_queue", "history", "tasks", "handlers", "audio"):
+            with contextlib.suppress(AttributeError):  # connect may have failed before setting it
+                getattr(self, name).clear()
+        self.buffered_bytes = 0
+        self.turn = None
+        self.clock = None
+        self.filter = None
 
     # -- the single reader -------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
