@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -18,7 +19,7 @@ from django.conf import settings
 
 from omniweb import metrics
 from omniweb.protocol import dumps, error
-from omniweb.transport import client_stalled
+from omniweb.transport import SendWatch, client_stalled
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,29 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     def client_stalled(self) -> bool:
         """True when the transport holds more unsent bytes than a session may queue (see transport.py)."""
-        return client_stalled(self.scope, settings.SESSION_SEND_BUFFER_MAX)
+        return self.send_stalled or client_stalled(self.scope, settings.SESSION_SEND_BUFFER_MAX)
+
+    # Set once a send found the client not reading; the session has then been failed and closed.
+    send_stalled = False
+    _send_watch: SendWatch | None = None
+
+    async def send(self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> None:
+        """Every send (audio, acks, errors, pongs) counts against the session's send budget."""
+        await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+        if close or self.send_stalled:
+            return
+        if self._send_watch is None:
+            self._send_watch = SendWatch(
+                self.scope,
+                max_bytes=settings.SESSION_SEND_BUFFER_MAX,
+                max_seconds=settings.SESSION_SEND_STALL_SECONDS,
+            )
+        reason = self._send_watch.stalled(time.monotonic())
+        if reason is None:
+            return
+        self.send_stalled = True
+        logger.warning("closing a session whose client stopped reading (%s)", reason)
+        await self.fail(f"Client is not reading: {reason}; session closed")
 
     async def send_json(self, payload: dict[str, Any]) -> None:
         metrics.count_error_message(payload)  # ops: omniweb_errors_total for every `error` sent

@@ -156,6 +156,9 @@ TALKER_MAX_UNIT_CHARS = env_int("TALKER_MAX_UNIT_CHARS", 300)
 # Bytes a session may have queued in daphne for a client that does not read (daphne applies no
 # backpressure): beyond this the session ends with an error. 4 MiB is ~40 s of 24 kHz PCM.
 SESSION_SEND_BUFFER_MAX = env_int("SESSION_SEND_BUFFER_MAX", 4 * 1024 * 1024)
+# ...or when bytes wait and none reaches the client for this long: well before daphne's keepalive
+# (a ping every 20 s, 30 s to answer) would drop the socket without an error message.
+SESSION_SEND_STALL_SECONDS = env_float("SESSION_SEND_STALL_SECONDS", 10.0)
 
 # Video transport (/v1/video/chat/stream).
 VIDEO_IDLE_TIMEOUT = env_float("VIDEO_IDLE_TIMEOUT", 60.0)  # no client message this long (no turn active)

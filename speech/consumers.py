@@ -267,14 +267,8 @@ class SpeechStreamConsumer(SessionConsumer):
             async with contextlib.aclosing(self.engine.stream(request, utt.request_id)) as stream:
                 async for chunk in stream:
                     await self._on_chunk(utt, config, chunk)
-                    if self.client_stalled():
-                        logger.warning("closing a session whose client stopped reading")
-                        # Leaving the loop closes the engine stream, which aborts the request.
-                        await self.fail(
-                            f"Client is not reading: over {settings.SESSION_SEND_BUFFER_MAX} bytes queued; "
-                            "session closed"
-                        )
-                        break
+                    if self.send_stalled:  # the send that noticed it failed the session (sessions.py)
+                        break  # leaving the loop closes the engine stream, which aborts the request
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -193,3 +193,53 @@ async def test_closed_sessions_are_freed_without_the_cyclic_collector(engine):
         assert (alive(VideoStreamConsumer), alive(SpeechStreamConsumer)) == before
     finally:
         gc.enable()
+
+
+def test_a_client_that_stops_reading_gets_an_error_before_daphnes_keepalive():
+    """Paced audio fills no byte cap quickly; the session still ends within seconds of the client's
+    last read (its error is queued first, though a client that never reads may not see it)."""
+    import base64
+    import os
+    import socket
+    import time
+
+    from conftest import DAPHNE_ARGS, free_port, live_server
+
+    def frame_to_server(payload: dict) -> bytes:
+        data, mask = json.dumps(payload).encode(), os.urandom(4)
+        n = len(data)
+        header = bytes([0x81]) + (bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big"))
+        return header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+
+    port = free_port()
+    args = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), *DAPHNE_ARGS, "omniweb.asgi:application"]
+    with live_server(args, port, OMNIWEB_SESSION_SEND_STALL_SECONDS="3", OMNIWEB_ENGINE_MAX_AHEAD_SECONDS="30"):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        key = base64.b64encode(os.urandom(16)).decode()
+        sock.sendall(
+            f"GET /v1/audio/speech/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        assert sock.recv(1024).startswith(b"HTTP/1.1 101")
+        sock.sendall(frame_to_server({"type": "session.config", "response_format": "pcm", "stream_audio": True}))
+        text = " ".join(f"Sentence {i} of a long flush that is never read." for i in range(120))
+        sock.sendall(frame_to_server({"type": "input.text", "text": text}))
+        sock.sendall(frame_to_server({"type": "input.done"}))
+        time.sleep(15)  # not reading: daphne's first keepalive ping goes out at 20 s
+        received = bytearray()
+        ended = False  # the server ended the session: its error read, or the socket closed under us
+        sock.settimeout(0.5)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not ended:
+            try:
+                data = sock.recv(1 << 20)
+            except TimeoutError:
+                continue
+            except ConnectionResetError:  # the server dropped a socket whose client would not read
+                ended = True
+                break
+            received += data
+            ended = not data or b"Client is not reading: nothing delivered for 3 s" in received
+        sock.close()
+    assert ended, f"the session was still streaming 25 s after its client stopped reading ({len(received)} bytes)"
