@@ -208,3 +208,38 @@ WORKER_STALE_SECONDS = env_float("WORKER_STALE_SECONDS", 5.0)  # older heartbeat
 INSTALLED_APPS.append("servestatic")
 MIDDLEWARE.insert(1, "servestatic.middleware.ServeStaticMiddleware")
 SERVESTATIC_USE_FINDERS = True  # straight from static/: no collectstatic step to run the app
+
+# Hardening (issue #11). The pages load only their own ES modules and stylesheet (no inline script
+# or style anywhere in templates/), so the policy can be strict; both middlewares are async-capable.
+MIDDLEWARE += ["csp.middleware.CSPMiddleware", "django_permissions_policy.PermissionsPolicyMiddleware"]
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],  # AudioWorklet modules are scripts too: static/worklets/
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:", "blob:"],
+        "media-src": ["'self'", "blob:"],
+        "connect-src": ["'self'"],  # same-origin fetch and ws:/wss: (CSP 3 'self' covers both)
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
+PERMISSIONS_POLICY = {
+    "camera": ["self"],
+    "microphone": ["self"],
+    "geolocation": [],
+    "payment": [],
+    "usb": [],
+}
+# The example key of deploy/omniweb.env.example (and Django's startproject prefix) must never sign
+# tokens in production: refuse to start with one unless DEBUG is on.
+EXAMPLE_SECRET_KEYS = {"change-me"}
+if not DEBUG and (SECRET_KEY in EXAMPLE_SECRET_KEYS or SECRET_KEY.startswith("django-insecure-")):
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        "OMNIWEB_SECRET_KEY is the example value: set a secret of your own "
+        "(python3 -c 'import secrets; print(secrets.token_urlsafe(50))'), or unset it for a random per-process key"
+    )

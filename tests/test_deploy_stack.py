@@ -482,6 +482,12 @@ def test_embedded_daphne_behind_nginx(stack, tmp_path):
     assert status == 200, body
     assert json.loads(body)["ok"] is True
 
+    # Signed tokens ride query strings: the access log keeps the path, never the query (issue #11).
+    https_get(n, "/healthz?token=secret-token-must-not-be-logged")
+    log = (n.prefix / "access.log").read_text()
+    assert '"GET /healthz HTTP/1.1" 200' in log
+    assert "secret-token" not in log and "x=1" not in log
+
 
 # -- scale-out over Redis ------------------------------------------------------------------------
 
