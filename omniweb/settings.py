@@ -166,6 +166,8 @@ VIDEO_CONFIG_TIMEOUT = env_float("VIDEO_CONFIG_TIMEOUT", 10.0)
 # Decompression-bomb guard: a frame whose header declares more pixels is refused before decoding.
 # 4096x4096 covers 4K cameras; one decode then needs at most 48 MiB.
 VIDEO_MAX_FRAME_PIXELS = env_int("VIDEO_MAX_FRAME_PIXELS", 4096 * 4096)
+# Threads of the frame decode pool (video/decoding.py): client frame decodes run there only.
+VIDEO_DECODE_THREADS = env_int("VIDEO_DECODE_THREADS", 2)
 # Bytes of frames one session buffers; beyond it the oldest frames go, as beyond max_frames.
 VIDEO_MAX_BUFFER_BYTES = env_int("VIDEO_MAX_BUFFER_BYTES", 256 * 1024 * 1024)
 VIDEO_HISTORY_TURNS = env_int("VIDEO_HISTORY_TURNS", 8)  # earlier question/answer pairs sent with a query

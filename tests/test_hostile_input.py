@@ -5,6 +5,7 @@ messages held during an utterance keep their order whatever fails among them."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 
 import pytest
@@ -243,3 +244,48 @@ def test_a_client_that_stops_reading_gets_an_error_before_daphnes_keepalive():
             ended = not data or b"Client is not reading: nothing delivered for 3 s" in received
         sock.close()
     assert ended, f"the session was still streaming 25 s after its client stopped reading ({len(received)} bytes)"
+
+
+def _scan_bomb(repeats: int) -> bytes:
+    """A progressive JPEG whose smallest scan repeats: small on the wire, a pass per scan to decode."""
+    import cv2
+    import numpy as np
+
+    img = cv2.GaussianBlur(np.random.default_rng(0).integers(0, 255, (240, 320, 3)).astype(np.uint8), (9, 9), 3)
+    data = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes()
+    eoi = data.rfind(b"\xff\xd9")
+    starts = [i for i in range(len(data) - 1) if data[i : i + 2] == b"\xff\xda"] + [eoi]
+    smallest = min(itertools.pairwise(starts), key=lambda se: se[1] - se[0])
+    return data[:eoi] + data[smallest[0] : smallest[1]] * repeats + data[eoi:]
+
+
+def test_jpeg_scans_are_counted_through_scan_data():
+    from video import frames
+
+    assert frames.count_jpeg_scans(jpeg()) == 1
+    assert frames.count_jpeg_scans(_scan_bomb(0)) == 10  # libjpeg's progression for colour
+    assert frames.count_jpeg_scans(_scan_bomb(500), limit=10_000) == 510
+    assert frames.count_jpeg_scans(_scan_bomb(500)) == frames.MAX_JPEG_SCANS + 1  # stops counting early
+
+
+@LOCAL
+async def test_a_jpeg_scan_bomb_is_refused_and_decodes_run_on_their_own_pool(connect, monkeypatch):
+    import threading
+
+    from video import frames
+
+    threads: set[str] = set()
+    prepare = frames.prepare_frame
+
+    def spy(*args, **kwargs):
+        threads.add(threading.current_thread().name)
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(frames, "prepare_frame", spy)
+    comm = await video(connect, modalities=["text"], enable_frame_filter=False)
+    await frame(comm, _scan_bomb(500), "bomb")
+    assert await expect_error(comm) == "Frame refused: over 32 JPEG scans (got at least 33); decode cost too high"
+    await frame(comm, _scan_bomb(0), "progressive")  # an ordinary progressive JPEG is welcome
+    assert (await receive_json(comm))["accepted"]
+    await sync(comm)
+    assert threads and all(name.startswith("frame-decode") for name in threads)

@@ -5,10 +5,11 @@ first ``session.config`` itself, then parses each later message and puts it on t
 inbox. One processor task takes the inbox in order, with one handler per message type, so frames,
 audio and queries keep their arrival order while the reader stays free.
 
-Frames are checked on the acknowledgement path in a thread (strict base64, JPEG/PNG header, pixel
-budget, the similarity thumbnail), then fully decoded ahead of time by the session's decoder task,
-also in a thread. A frame that does not decode is removed from the buffer and reported; a turn waits
-for its frames' decodes, so the thinker only ever gets frames known to decode.
+Frames are checked on the acknowledgement path on the decode pool (video/decoding.py): strict
+base64, JPEG/PNG header, pixel budget, JPEG scan count, the similarity thumbnail; then fully decoded
+ahead of time by the session's decoder task, also on that pool. A frame that does not decode is
+removed from the buffer and reported; a turn waits for its frames' decodes, so the thinker only ever
+gets frames known to decode.
 
 A turn (``video.query``) runs as its own task streaming the engine request's chunks; a newer query
 interrupts it (the engine request is aborted and the old turn sends nothing more).
@@ -36,6 +37,7 @@ from omniweb.sessions import SessionClock, SessionConsumer, spawn
 from speech.tts.model import capabilities
 
 from . import frames, protocol
+from .decoding import run_decode
 from .frames import FrameError
 from .protocol import ProtocolError, VideoSessionConfig
 
@@ -226,7 +228,7 @@ class VideoStreamConsumer(SessionConsumer):
             await self.send_json(protocol.error(exc.message))
             return
         try:
-            prepared = await asyncio.to_thread(
+            prepared = await run_decode(
                 frames.prepare_frame,
                 text,
                 max_pixels=settings.VIDEO_MAX_FRAME_PIXELS,
@@ -337,7 +339,7 @@ class VideoStreamConsumer(SessionConsumer):
             if frame not in self.frames and (turn is None or frame not in turn.snapshot):
                 frame.settled.set()  # left the buffer unseen: no turn will ever wait for it
                 continue
-            frame.ok = await asyncio.to_thread(frames.verify_decodes, frame.data)
+            frame.ok = await run_decode(frames.verify_decodes, frame.data)
             frame.settled.set()
             if not frame.ok:
                 logger.info("a buffered frame (%d bytes) did not decode", len(frame.data))
