@@ -289,3 +289,27 @@ async def test_a_jpeg_scan_bomb_is_refused_and_decodes_run_on_their_own_pool(con
     assert (await receive_json(comm))["accepted"]
     await sync(comm)
     assert threads and all(name.startswith("frame-decode") for name in threads)
+
+
+@LOCAL
+async def test_process_wide_buffer_budget_refuses_frames_beyond_it_and_frees_on_close(connect, settings):
+    from omniweb import budget
+
+    data = jpeg(level=10, width=320, height=240)
+    start = budget.held()
+    settings.PROCESS_BUFFER_BUDGET = start + 3 * len(data)  # room for three frames in the whole process
+    first = await video(connect, modalities=["text"], enable_frame_filter=False)
+    for i in range(2):
+        await frame(first, jpeg(level=10 + 40 * i, width=320, height=240), f"a{i}")
+        assert (await receive_json(first))["accepted"]
+    second = await video(connect, modalities=["text"], enable_frame_filter=False)
+    await frame(second, data, "b0")
+    assert (await receive_json(second))["accepted"]
+    await frame(second, jpeg(level=200, width=320, height=240), "b1")  # each session is far under its own cap
+    assert await expect_error(second) == budget.FULL_MESSAGE
+    await first.disconnect()
+    assert budget.held() <= start + len(data) + 64  # the closed session's frames were given back
+    await frame(second, jpeg(level=250, width=320, height=240), "b2")
+    assert (await receive_json(second))["accepted"]
+    await second.disconnect()
+    assert budget.held() == start

@@ -30,6 +30,7 @@ from typing import Any
 
 from django.conf import settings
 
+from omniweb import budget as process_budget
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
 from omniweb.protocol import excerpt
@@ -140,6 +141,7 @@ class VideoStreamConsumer(SessionConsumer):
     def _release(self) -> None:
         """Drop the session's buffers and the references that make it a cycle (clock and handler
         closures, tasks), so a closed session is freed at once, not at the cyclic collector's leisure."""
+        process_budget.release(getattr(self, "buffered_bytes", 0) + len(getattr(self, "audio", b"")))
         for name in ("frames", "decode_queue", "history", "tasks", "handlers", "audio"):
             with contextlib.suppress(AttributeError):  # connect may have failed before setting it
                 getattr(self, name).clear()
@@ -247,8 +249,11 @@ class VideoStreamConsumer(SessionConsumer):
         budget = settings.VIDEO_MAX_BUFFER_BYTES - len(prepared.data)
         while self.frames and (len(self.frames) >= self.config.max_frames or self.buffered_bytes > budget):
             dropped = self.frames.pop(0)
-            self.buffered_bytes -= len(dropped.data)
+            self._unbuffer(len(dropped.data))
             dropped_id = dropped.meta.get("frame_id")
+        if not process_budget.reserve(len(prepared.data)):  # all sessions together: omniweb/budget.py
+            await self.send_json(protocol.error(process_budget.FULL_MESSAGE))
+            return
         self.buffered_bytes += len(prepared.data)
         frame = _Frame(data=prepared.data, meta=protocol.frame_metadata(msg, received_ms))
         self.frames.append(frame)
@@ -264,7 +269,7 @@ class VideoStreamConsumer(SessionConsumer):
     async def on_decode_failed(self, frame: _Frame) -> None:
         if frame in self.frames:
             self.frames.remove(frame)
-            self.buffered_bytes -= len(frame.data)
+            self._unbuffer(len(frame.data))
             await self.send_json(protocol.error("Frame decode failed"))
 
     async def on_audio_chunk(self, msg: dict[str, Any]) -> None:
@@ -273,16 +278,31 @@ class VideoStreamConsumer(SessionConsumer):
         except ProtocolError as exc:
             await self.send_json(protocol.error(exc.message))
             return
-        if not self._buffer_audio(pcm):
-            await self.send_json(protocol.error("Audio buffer overflow"))
+        if problem := self._buffer_audio(pcm):
+            await self.send_json(protocol.error(problem))
 
-    def _buffer_audio(self, pcm: bytes) -> bool:
-        """Append, or clear the buffer on overflow (the caller reports it)."""
+    def _buffer_audio(self, pcm: bytes) -> str | None:
+        """Append, or clear the buffer on overflow and say why (the caller reports it)."""
         if len(self.audio) + len(pcm) > protocol.MAX_AUDIO_BUFFER_BYTES:
-            self.audio.clear()
-            return False
+            self._take_audio()
+            return "Audio buffer overflow"
+        if not process_budget.reserve(len(pcm)):
+            self._take_audio()
+            return process_budget.FULL_MESSAGE
         self.audio.extend(pcm)
-        return True
+        return None
+
+    def _take_audio(self) -> bytes:
+        """The buffered microphone audio, now out of the buffer (and of the process budget)."""
+        audio = bytes(self.audio)
+        process_budget.release(len(self.audio))
+        self.audio.clear()
+        return audio
+
+    def _unbuffer(self, nbytes: int) -> None:
+        """A buffered frame of ``nbytes`` left the buffer."""
+        self.buffered_bytes -= nbytes
+        process_budget.release(nbytes)
 
     async def on_video_query(self, msg: dict[str, Any]) -> None:
         assert self.config is not None
@@ -297,8 +317,8 @@ class VideoStreamConsumer(SessionConsumer):
             except ProtocolError as exc:
                 await self.send_json(protocol.error(exc.message))
             else:
-                if not self._buffer_audio(pcm):
-                    await self.send_json(protocol.error("Audio buffer overflow"))
+                if problem := self._buffer_audio(pcm):
+                    await self.send_json(protocol.error(problem))
         await self._interrupt()
         if not self.frames:
             await self.send_json(protocol.error("No frames buffered"))
@@ -309,8 +329,7 @@ class VideoStreamConsumer(SessionConsumer):
             modalities=tuple(self.config.modalities),
             snapshot=list(self.frames),
         )
-        audio = bytes(self.audio)
-        self.audio.clear()
+        audio = self._take_audio()
         self.turn = turn
         if self.state is SessionState.READY:
             self.state = SessionState.ANSWERING
