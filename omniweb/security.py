@@ -46,7 +46,9 @@ class BrowserOriginValidator(OriginValidator):
 
 
 def browser_origin_validator(application: Any) -> BrowserOriginValidator:
-    allowed = list(settings.ALLOWED_HOSTS)
+    """Origins from ``ALLOWED_ORIGINS`` when the deployment names them (scheme, host and port all
+    compared: a page on another port of the same host is another site), else ALLOWED_HOSTS' hosts."""
+    allowed = list(settings.ALLOWED_ORIGINS) or list(settings.ALLOWED_HOSTS)
     if settings.DEBUG and not allowed:
         allowed = ["localhost", "127.0.0.1", "[::1]"]
     return BrowserOriginValidator(application, allowed)

@@ -38,6 +38,9 @@ def env_list(name: str, default: str) -> list[str]:
 SECRET_KEY = env_str("SECRET_KEY", "") or secrets.token_urlsafe(50)
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
+# Browser Origins allowed to open WebSockets, as full origins ("https://speech.example.org:8443"):
+# scheme, host and port must all match. Empty: any port of an ALLOWED_HOSTS host (omniweb/security.py).
+ALLOWED_ORIGINS = env_list("ALLOWED_ORIGINS", "")
 
 INSTALLED_APPS = [
     "daphne",  # first: its runserver serves ASGI (WebSockets) with our message-size limits

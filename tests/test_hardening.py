@@ -49,3 +49,30 @@ def test_example_secret_key_is_refused_outside_debug():
     assert refused.returncode != 0 and "OMNIWEB_SECRET_KEY is the example value" in refused.stderr
     assert _settings_load(OMNIWEB_SECRET_KEY="change-me", OMNIWEB_DEBUG="1").returncode == 0
     assert _settings_load(OMNIWEB_SECRET_KEY="", OMNIWEB_DEBUG="0").returncode == 0  # README: random key
+
+
+async def test_named_origins_are_compared_with_their_port(settings):
+    from channels.testing import WebsocketCommunicator
+
+    from omniweb.security import browser_origin_validator
+
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.accept"})
+
+    settings.ALLOWED_ORIGINS = ["https://speech.example.org:8443"]
+    validator = browser_origin_validator(app)
+    results = {}
+    for origin in [
+        "https://speech.example.org:8443",
+        "https://speech.example.org:9999",
+        "http://speech.example.org:8443",
+    ]:
+        comm = WebsocketCommunicator(validator, "/v1/audio/speech/stream", headers=[(b"origin", origin.encode())])
+        results[origin], _ = await comm.connect()
+        await comm.disconnect()
+    assert results == {
+        "https://speech.example.org:8443": True,
+        "https://speech.example.org:9999": False,  # another port of the same host is another site
+        "http://speech.example.org:8443": False,
+    }
