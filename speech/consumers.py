@@ -323,12 +323,13 @@ class SpeechStreamConsumer(SessionConsumer):
                 await self.send_json(protocol.session_done(utt.index, utt.sentences))
             elif status == "cancelled" and utt.cancelled:
                 await self._end_utterance(utt, config, cancelled=True)
-            elif status == "busy":
+            elif status in ("busy", "unavailable"):  # nothing was generated: the client may retry
                 await self.send_json(protocol.error(chunk["message"]))
                 await self.send_json(protocol.session_done(utt.index, 0))
             else:
                 logger.warning("utterance %d ended with %s: %s", utt.index, status, chunk.get("message"))
-                await self._end_utterance(utt, config, failed=True)
+                retry = chunk.get("message") if "retry" in str(chunk.get("message")) else None
+                await self._end_utterance(utt, config, failed=True, reason=retry)
 
     async def _on_audio(self, utt: _Utterance, sentence: _Sentence, config: SessionConfig, pcm: bytes) -> None:
         if not config.stream_audio:
@@ -417,7 +418,13 @@ class SpeechStreamConsumer(SessionConsumer):
         await self.send_json(protocol.session_done(utt.index, utt.sentences))
 
     async def _end_utterance(
-        self, utt: _Utterance, config: SessionConfig, *, failed: bool = False, cancelled: bool = False
+        self,
+        utt: _Utterance,
+        config: SessionConfig,
+        *,
+        failed: bool = False,
+        cancelled: bool = False,
+        reason: str | None = None,
     ) -> None:
         """Close the open sentence with audio.done, then the utterance.
 
@@ -434,7 +441,8 @@ class SpeechStreamConsumer(SessionConsumer):
         if failed:
             await self.send_json(
                 protocol.error(
-                    f"Generation failed for utterance {utt.index}, sentence {sentence.index}",
+                    f"Generation failed for utterance {utt.index}, sentence {sentence.index}"
+                    + (f": {reason}" if reason else ""),  # an engine outage says so, and to retry
                     partial_audio=sentence.sent_bytes > 0,
                 )
             )

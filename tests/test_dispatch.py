@@ -24,6 +24,8 @@ from conftest import ROOT, _stop, free_port
 
 from omniweb.engine.dispatch import (
     BLOB_MIN_BYTES,
+    ENGINE_CONNECTION_LOST,
+    ENGINE_UNREACHABLE,
     MAX_MESSAGE_BYTES,
     ChannelEngineClient,
     blob_keys,
@@ -275,7 +277,11 @@ async def test_redis_restart_fails_in_flight_requests_and_recovers(stack):
         await asyncio.sleep(0.02)
     stack.stop_redis()
     await asyncio.wait_for(task, 10)
-    assert ended(log)["status"] == "error"
+    assert ended(log) == {"type": "end", "status": "error", "message": ENGINE_CONNECTION_LOST}
+    # While Redis is down, a new request is told the engine is unreachable, and to retry.
+    down: list[tuple[float, dict[str, Any]]] = []
+    await asyncio.wait_for(collect(client_for(stack), request("Nobody home."), down), 10)
+    assert ended(down) == {"type": "end", "status": "unavailable", "message": ENGINE_UNREACHABLE}
     stack.start_redis()
     # Workers reconnect on their own; a new request works without restarting anything.
     deadline = time.monotonic() + 20

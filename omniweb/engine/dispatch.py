@@ -90,6 +90,11 @@ def restore_blobs(request: Any, blobs: dict[str, bytes]) -> Any:
     return request
 
 
+# What a client hears while Redis (the engine's message broker) is down: nothing it did wrong.
+ENGINE_UNREACHABLE = "engine unreachable (its message broker is down); retry shortly"
+ENGINE_CONNECTION_LOST = "engine connection lost (its message broker went down); retry shortly"
+
+
 def _end(status: str, message: str) -> dict[str, Any]:
     return {"type": "end", "status": status, "message": message}
 
@@ -142,7 +147,7 @@ class ChannelEngineClient:
             except Exception:
                 logger.exception("cannot reach the channel layer to submit %s", rid)
                 ended = True
-                yield _end("error", "engine unreachable")
+                yield _end("unavailable", ENGINE_UNREACHABLE)  # nothing started: like "busy", retryable
                 return
             timeout = self._accept_timeout
             while True:
@@ -157,7 +162,7 @@ class ChannelEngineClient:
                     return
                 except Exception:
                     logger.exception("channel layer failed while streaming %s", rid)
-                    yield _end("error", "engine connection lost")  # the abort below is best effort
+                    yield _end("error", ENGINE_CONNECTION_LOST)  # the abort below is best effort
                     return
                 if msg.get("request_id") != rid:
                     continue
