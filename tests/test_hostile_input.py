@@ -313,3 +313,17 @@ async def test_process_wide_buffer_budget_refuses_frames_beyond_it_and_frees_on_
     assert (await receive_json(second))["accepted"]
     await second.disconnect()
     assert budget.held() == start
+
+
+async def test_both_engine_modes_refuse_the_same_oversize_request():
+    """One documented limit (64 MiB of frames and audio per request), one message, in either mode."""
+    from omniweb.engine.client import LocalEngineClient
+    from omniweb.engine.dispatch import MAX_REQUEST_BYTES, REQUEST_TOO_LARGE, ChannelEngineClient
+
+    frame_bytes = b"\0" * (MAX_REQUEST_BYTES // 4 + 1)
+    request = {"pipeline": "video.turn", "frames": [{"data": frame_bytes} for _ in range(4)], "question": "?"}
+    local = LocalEngineClient(scheduler=None)  # refused before it reaches any scheduler
+    redis = ChannelEngineClient(None, "omniweb-engine", lease=3, accept_timeout=5, redis_url="redis://unused")
+    for client in (local, redis):
+        chunks = [chunk async for chunk in client.stream(request)]
+        assert chunks == [{"type": "end", "status": "invalid", "message": REQUEST_TOO_LARGE}]

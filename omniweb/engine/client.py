@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from .dispatch import MAX_REQUEST_BYTES, REQUEST_TOO_LARGE, request_bytes
 from .scheduler import AdmissionError, Scheduler
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,9 @@ class LocalEngineClient:
         def sink(chunk: dict[str, Any]) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, chunk)
 
+        if request_bytes(request) > MAX_REQUEST_BYTES:  # the Redis mode's limit, enforced here too
+            yield {"type": "end", "status": "invalid", "message": REQUEST_TOO_LARGE}
+            return
         try:
             self._scheduler.submit(rid, request, sink)
         except AdmissionError:

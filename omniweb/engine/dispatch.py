@@ -33,12 +33,24 @@ WORKER_BEAT_SECONDS = 0.5  # how often a worker publishes its load (metrics, hea
 BLOB_MIN_BYTES = 128 * 1024  # byte strings this large travel as Redis keys, not inside the message
 BLOB_KEY_PREFIX = "omniweb:blob:"
 BLOB_REF = "$omniweb.blob"  # {BLOB_REF: key} stands for the bytes stored under key
-MAX_REQUEST_BYTES = 64 * 1024 * 1024  # a request's bytes in all, message and keys together
+MAX_REQUEST_BYTES = 64 * 1024 * 1024  # a request's bytes in all (frames, audio): the same in both modes
+REQUEST_TOO_LARGE = "request too large for the engine: over 64 MiB of frames and audio in one request"
 BLOB_GRACE_SECONDS = 30.0  # keys outlive the accept timeout by this much, then Redis drops them
 
 
 def message_size(message: dict[str, Any]) -> int:
     return len(msgpack.packb(message, use_bin_type=True))
+
+
+def request_bytes(value: Any) -> int:
+    """The byte strings a request carries (frames, audio), in all: what ``MAX_REQUEST_BYTES`` bounds."""
+    if isinstance(value, bytes | bytearray):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(request_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(request_bytes(v) for v in value)
+    return 0
 
 
 def split_for_layer(chunk: dict[str, Any], limit: int = AUDIO_SPLIT_BYTES) -> list[dict[str, Any]]:
@@ -115,12 +127,12 @@ class ChannelEngineClient:
 
     async def stream(self, request: dict[str, Any], request_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
         rid = request_id or uuid.uuid4().hex
+        if request_bytes(request) > MAX_REQUEST_BYTES:  # as LocalEngineClient: one limit, both modes
+            yield _end("invalid", REQUEST_TOO_LARGE)
+            return
         blobs: dict[str, bytes] = {}
         if self._redis_url:
             request, blobs = offload_blobs(request, f"{BLOB_KEY_PREFIX}{rid}:")
-        if sum(map(len, blobs.values())) > MAX_REQUEST_BYTES:
-            yield _end("invalid", "request too large for the engine channel")
-            return
         reply = await self._layer.new_channel()  # same Redis list as the consumer's own channel: one reader serves both
         submit = {
             "type": "engine.submit",
