@@ -77,10 +77,21 @@ async def recv_all(ws: Any, seconds: float) -> list[Any]:
     return out
 
 
+def _standard_json(text: str) -> bool:
+    def refuse(name: str) -> None:
+        raise ValueError(name)
+
+    try:
+        json.loads(text, parse_constant=refuse)
+    except ValueError:
+        return False
+    return True
+
+
 def summary(msgs: list[Any], ws: Any) -> str:
     texts = [m for m in msgs if isinstance(m, str)]
     errors = [json.loads(t).get("message", "")[:80] for t in texts if '"error"' in t[:40]]
-    invalid = sum(1 for t in texts if "NaN" in t or "Infinity" in t)
+    invalid = sum(1 for t in texts if not _standard_json(t))
     close = ws.close_code if ws.close_code is not None else "open"
     longest = max(map(len, texts), default=0)
     return f"errors={errors[:2]} non-standard-json={invalid} longest-text={longest} close={close}"
@@ -200,7 +211,123 @@ async def leave_mid_turn(url: str, pid: int, log: Any) -> str:
     await asyncio.sleep(2)
     log.seek(before)
     text = log.read().decode(errors="replace")
-    return f"'never retrieved' {text.count('never retrieved')}; tracebacks {text.count('Traceback')}"
+    lines = text.splitlines()
+    errors = sorted(
+        {
+            lines[i + 1 + j][:140]
+            for i, line in enumerate(lines)
+            if line.startswith("Traceback")
+            for j in range(0, 40)
+            if i + 1 + j < len(lines) and lines[i + 1 + j][:1] not in (" ", "")
+        }
+    )
+    return f"'never retrieved' {text.count('never retrieved')}; tracebacks {text.count('Traceback')} {errors[:3]}"
+
+
+def scan_bomb(repeats: int = 2500) -> str:
+    """A 4096x4096 progressive JPEG (the pixel limit) whose smallest scan repeats: ~130 KB, base64."""
+    import base64
+    import itertools
+
+    import cv2
+    import numpy as np
+
+    img = np.full((4096, 4096, 3), 128, np.uint8)
+    data = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes()
+    eoi = data.rfind(b"\xff\xd9")
+    starts = [i for i in range(len(data) - 1) if data[i : i + 2] == b"\xff\xda"] + [eoi]
+    a, b = min(itertools.pairwise(starts), key=lambda se: se[1] - se[0])
+    return base64.b64encode(data[:eoi] + data[a:b] * repeats + data[eoi:]).decode()
+
+
+async def wav_canary(url: str) -> float:
+    """Seconds from input.done to a short sentence's WAV (encoded in a thread pool, as by default)."""
+    async with websockets.connect(url + SPEECH, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.config"}))
+        await ws.send(json.dumps({"type": "input.text", "text": "The canary is still singing."}))
+        t0 = time.monotonic()
+        await ws.send(json.dumps({"type": "input.done"}))
+        async for msg in ws:
+            if isinstance(msg, bytes):
+                return time.monotonic() - t0
+        return float("nan")
+
+
+async def jpeg_bomb(url: str, pid: int) -> str:
+    """Seven sessions send one scan-bomb frame each (more decodes than the default thread pool has
+    threads); a WAV session then asks for audio. Server CPU and the WAV's wait."""
+    bomb = scan_bomb(1200)
+    _, cpu0 = proc_stats(pid)
+    sockets = []
+    replies = []
+    for i in range(7):
+        ws = await websockets.connect(url + VIDEO, max_size=None)
+        sockets.append(ws)
+        await ws.send(json.dumps({"type": "session.config", "modalities": ["text"], "enable_frame_filter": False}))
+        await ws.send(json.dumps({"type": "video.frame", "frame_id": f"b{i}", "data": bomb}))
+        replies.append(await asyncio.wait_for(ws.recv(), 60))
+    await asyncio.sleep(1)
+    wav = await asyncio.wait_for(wav_canary(url), 300)
+    for ws in sockets:
+        await ws.close()
+    idle = 0
+    while idle < 3:  # until the server's CPU stops climbing (abandoned decodes finish or never ran)
+        _, before = proc_stats(pid)
+        await asyncio.sleep(1)
+        idle = idle + 1 if proc_stats(pid)[1] - before < 0.2 else 0
+    _, cpu1 = proc_stats(pid)
+    kinds = sorted({json.loads(r).get("type") + ":" + str(json.loads(r).get("message", ""))[:40] for r in replies})
+    return (
+        f"{len(bomb) * 3 // 4 // 1024} KB frames; replies {kinds}; WAV first audio behind them {wav:.2f} s; "
+        f"server CPU {cpu1 - cpu0:.1f} s"
+    )
+
+
+async def not_reading(url: str, pid: int, log: Any) -> str:
+    """A raw client flushes a long text and never reads: when does the server end the session?"""
+    import base64
+    import socket
+
+    log.seek(0, 2)
+    before = log.tell()
+    port = int(url.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        f"GET {SPEECH} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    sock.recv(1024)
+    text = " ".join(f"Sentence {i} of a long flush that is never read." for i in range(150))
+    for payload in (
+        {"type": "session.config", "response_format": "pcm", "stream_audio": True},
+        {"type": "input.text", "text": text},
+        {"type": "input.done"},
+    ):
+        sock.sendall(ws_frame(payload))
+    t0 = time.monotonic()
+    how = "still streaming after 70 s"
+    while time.monotonic() - t0 < 70:
+        await asyncio.sleep(0.5)
+        log.seek(before)
+        seen = log.read().decode(errors="replace")
+        if "stopped reading" in seen:
+            how = f"ended by the server (not reading) after {time.monotonic() - t0:.1f} s"
+            break
+        if "speech session closed (code 1006)" in seen:
+            how = f"closed without an error (daphne keepalive?) after {time.monotonic() - t0:.1f} s"
+            break
+    sock.close()
+    return how
+
+
+def ws_frame(payload: dict[str, Any]) -> bytes:
+    """One masked client text frame (the not-reading client is a raw socket)."""
+    data, mask = json.dumps(payload).encode(), os.urandom(4)
+    n = len(data)
+    header = bytes([0x81]) + (bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big"))
+    return header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data))
 
 
 ATTACKS: dict[str, Callable[..., Awaitable[str]]] = {
@@ -210,8 +337,10 @@ ATTACKS: dict[str, Callable[..., Awaitable[str]]] = {
     "unknown_path": unknown_path,
     "echo": echo,
     "leave_mid_turn": leave_mid_turn,
+    "jpeg_bomb": jpeg_bomb,
+    "not_reading": not_reading,
 }
-NEEDS_LOG = {"unknown_path", "leave_mid_turn"}
+NEEDS_LOG = {"unknown_path", "leave_mid_turn", "not_reading"}
 
 
 async def run(names: list[str], url: str, pid: int, log: Any) -> None:
@@ -222,12 +351,15 @@ async def run(names: list[str], url: str, pid: int, log: Any) -> None:
         args = (url, pid, log) if name in NEEDS_LOG else (url, pid)
         task = asyncio.ensure_future(attack(*args))
         await asyncio.sleep(0.3)
-        during = await canary(url)
+        try:
+            during = f"{await asyncio.wait_for(canary(url), 120):.3f} s"
+        except Exception as exc:  # a canary the server could not serve is a finding, not a crash
+            during = f"failed ({type(exc).__name__}: {str(exc)[:80]})"
         try:
             result = await task
-        except Exception as exc:  # an attack that the server broke is a finding, not a crash
+        except Exception as exc:
             result = f"attack raised {type(exc).__name__}: {str(exc)[:120]}"
-        print(f"{name}: {result}; canary first audio during it {during:.3f} s", flush=True)
+        print(f"{name}: {result}; canary first audio during it {during}", flush=True)
 
 
 def main() -> None:
@@ -235,6 +367,7 @@ def main() -> None:
     port = free_port()
     url = f"ws://127.0.0.1:{port}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("OMNIWEB_ENGINE_MAX_AHEAD_SECONDS", None)  # the README's server: default pacing
     with tempfile.TemporaryFile() as log:
         server = subprocess.Popen(
             [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from autobahn.exception import Disconnected
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
@@ -65,11 +66,22 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     # Set once a send found the client not reading; the session has then been failed and closed.
     send_stalled = False
+    client_gone = False  # a send found the socket closed: nothing more can reach the client
     _send_watch: SendWatch | None = None
 
     async def send(self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> None:
-        """Every send (audio, acks, errors, pongs) counts against the session's send budget."""
-        await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+        """Every send (audio, acks, errors, pongs) counts against the session's send budget.
+
+        A send to a client that has just left is dropped (daphne raises ``Disconnected`` until the
+        disconnect reaches the consumer): work in flight ends quietly instead of as a traceback.
+        """
+        if self.client_gone:
+            return
+        try:
+            await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+        except Disconnected:
+            self.client_gone = True
+            return
         if close or self.send_stalled:
             return
         if self._send_watch is None:

@@ -267,7 +267,7 @@ class SpeechStreamConsumer(SessionConsumer):
             async with contextlib.aclosing(self.engine.stream(request, utt.request_id)) as stream:
                 async for chunk in stream:
                     await self._on_chunk(utt, config, chunk)
-                    if self.send_stalled:  # the send that noticed it failed the session (sessions.py)
+                    if self.send_stalled or self.client_gone:  # failed by a send, or gone (sessions.py)
                         break  # leaving the loop closes the engine stream, which aborts the request
         except asyncio.CancelledError:
             raise

@@ -327,3 +327,23 @@ async def test_both_engine_modes_refuse_the_same_oversize_request():
     for client in (local, redis):
         chunks = [chunk async for chunk in client.stream(request)]
         assert chunks == [{"type": "end", "status": "invalid", "message": REQUEST_TOO_LARGE}]
+
+
+async def test_sends_after_the_client_left_are_dropped_quietly():
+    """daphne raises Disconnected on a send racing the disconnect; work in flight must not crash on it."""
+    from autobahn.exception import Disconnected
+
+    from omniweb.sessions import SessionConsumer
+
+    sent: list[dict] = []
+
+    async def gone(message: dict) -> None:
+        sent.append(message)
+        raise Disconnected("Attempt to send on a closed protocol")
+
+    consumer = SessionConsumer()
+    consumer.scope = {"type": "websocket"}
+    consumer.base_send = gone
+    await consumer.send(bytes_data=b"\0\0")
+    await consumer.send_json({"type": "audio.done"})  # no second attempt, no exception
+    assert consumer.client_gone and len(sent) == 1

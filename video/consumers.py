@@ -448,7 +448,7 @@ class VideoStreamConsumer(SessionConsumer):
                 elif kind == "audio" and "audio" in turn.modalities and chunk["pcm"]:
                     turn.audio_deltas += 1
                     await self._send_turn(turn, protocol.audio_delta(chunk["pcm"]))
-                if self.send_stalled:  # the send that noticed it failed the session (sessions.py)
+                if self.send_stalled or self.client_gone:  # failed by a send, or gone (sessions.py)
                     return
 
     async def _start_response(self, turn: _Turn) -> None:
