@@ -153,9 +153,11 @@ CODEC_FIRST_PACKET_FRAMES = env_int("CODEC_FIRST_PACKET_FRAMES", 4)
 SPEECH_IDLE_TIMEOUT = env_float("SPEECH_IDLE_TIMEOUT", 30.0)
 SPEECH_CONFIG_TIMEOUT = env_float("SPEECH_CONFIG_TIMEOUT", 10.0)
 SPEECH_MAX_TEXT_CHARS = env_int("SPEECH_MAX_TEXT_CHARS", 100_000)  # buffered text per utterance
-# Characters the talker synthesizes in one step: longer sentences are cut at clauses, then words
-# (speech.text.bound_units), so every step is short and cancellable whatever the text.
-TALKER_MAX_UNIT_CHARS = env_int("TALKER_MAX_UNIT_CHARS", 300)
+# What the talker synthesizes in one step (speech.text.bound_units), so every step is short and
+# cancellable whatever the text: at most this many characters, cut at clause marks...
+TALKER_MAX_UNIT_CHARS = env_int("TALKER_MAX_UNIT_CHARS", 1500)
+# ...and no run without a clause mark longer than this (hibari cannot cut one), cut between words.
+TALKER_MAX_RUN_CHARS = env_int("TALKER_MAX_RUN_CHARS", 300)
 # Bytes a session may have queued in daphne for a client that does not read (daphne applies no
 # backpressure): beyond this the session ends with an error. 4 MiB is ~40 s of 24 kHz PCM.
 SESSION_SEND_BUFFER_MAX = env_int("SESSION_SEND_BUFFER_MAX", 4 * 1024 * 1024)

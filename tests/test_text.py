@@ -246,10 +246,17 @@ def test_align_is_fast(model: Model) -> None:
 
 def test_bound_units_cuts_overlong_text_at_clauses_then_words():
     clauses = "first part here, second part here, third part"
-    assert bound_units([clauses], 34) == ["first part here, second part here,", "third part"]
+    assert bound_units([clauses], 34, 20) == ["first part here, second part here,", "third part"]
     words = " ".join(["blue"] * 800)  # 3,999 characters, no clause mark at all
-    pieces = bound_units([words], 300)
+    pieces = bound_units([words], 1500, 300)
     assert all(len(p) <= 300 for p in pieces) and len(pieces) == 14
     assert " ".join(pieces) == words  # nothing lost, every cut between words
-    assert bound_units(["x" * 25], 10) == ["x" * 10, "x" * 10, "x" * 5]  # one word longer than the bound
-    assert bound_units(["Short. ", "Also short."], 300) == ["Short. ", "Also short."]  # untouched
+    assert bound_units(["x" * 25], 10, 10) == ["x" * 10, "x" * 10, "x" * 5]  # one word longer than the bound
+    # Punctuated sentences within the bound stay whole (hibari cuts them into model calls itself).
+    long_but_punctuated = ", ".join(["the dog and the cat walked along the bank"] * 12) + "."
+    assert bound_units([long_but_punctuated], 1500, 300) == [long_but_punctuated]
+    assert bound_units(["Short. ", "Also short."], 1500, 300) == ["Short. ", "Also short."]
+    # A long run between two clauses: its word cuts are never joined to a neighbour.
+    mixed = "a short clause, " + " ".join(["red"] * 100) + ", and another"
+    out = bound_units([mixed], 1500, 120)
+    assert out[0] == "a short clause," and out[-1] == "and another" and all(len(p) <= 120 for p in out[1:-1])

@@ -81,13 +81,13 @@ class TalkerLoop:
         *,
         incremental: bool = False,
         vocode: bool = True,
-        max_unit_chars: int | None = None,
     ) -> None:
         self._talker = talker
         self._lookahead = max(1, lookahead)
-        # Every unit, whoever wrote it (the request's split, an upstream loop), is cut to this bound
+        # Every unit, whoever wrote it (the request's split, an upstream loop), is cut to these bounds
         # before the talker sees it: a step's time and memory never grow with the text.
-        self._max_unit = max(1, max_unit_chars or settings.TALKER_MAX_UNIT_CHARS)
+        self._max_unit = max(1, settings.TALKER_MAX_UNIT_CHARS)
+        self._max_run = max(1, min(settings.TALKER_MAX_RUN_CHARS, self._max_unit))
         self._incremental = incremental
         self._vocode = vocode  # False: a downstream loop other than hibari's vocoder takes the frames
 
@@ -116,7 +116,7 @@ class TalkerLoop:
     def _refill(self, state: TalkerState) -> None:
         """Cut the next unit into bounded steps once the previous unit's steps are all done."""
         while not state.steps and state.next_index < len(state.sentences):
-            state.steps.extend(bound_units([state.sentences[state.next_index]], self._max_unit))
+            state.steps.extend(bound_units([state.sentences[state.next_index]], self._max_unit, self._max_run))
             state.next_index += 1
 
     def _finished(self, state: TalkerState) -> bool:
