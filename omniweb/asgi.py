@@ -18,14 +18,19 @@ from omniweb.auth import websocket_access  # noqa: E402
 from omniweb.engine.runtime import get_engine_client  # noqa: E402
 from omniweb.engine.worker import EngineWorkerConsumer  # noqa: E402
 from omniweb.routing import websocket_urlpatterns  # noqa: E402
-from omniweb.security import browser_origin_validator  # noqa: E402
+from omniweb.security import browser_origin_validator, known_paths_only  # noqa: E402
 from omniweb.transport import send_buffer_probe  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        # Origin check, then API tokens and the per-client session limit (omniweb.auth), then routes.
-        "websocket": send_buffer_probe(browser_origin_validator(websocket_access(URLRouter(websocket_urlpatterns)))),
+        # Unknown paths refused first; the Origin check, then API tokens and the per-client session
+        # limit (omniweb.auth), then routes.
+        "websocket": send_buffer_probe(
+            known_paths_only(
+                browser_origin_validator(websocket_access(URLRouter(websocket_urlpatterns))), websocket_urlpatterns
+            )
+        ),
         # Engine requests from daphne processes, served by `manage.py runworker omniweb-engine`.
         "channel": ChannelNameRouter({settings.ENGINE_CHANNEL: EngineWorkerConsumer.as_asgi()}),
     }

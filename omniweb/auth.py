@@ -11,8 +11,9 @@ one of them, in any of three ways:
   which cannot set headers); the server answers ``omniweb.v1`` and never echoes the token;
 - ``?token=<signed>``: a short-lived token from ``POST /v1/ws-token`` (``omniweb.views.ws_token``),
   signed with ``django.core.signing.TimestampSigner`` keyed by the API token that asked for it, valid
-  for ``SIGNED_URL_MAX_AGE`` seconds on every process that has that API token configured; removing
-  the API token revokes the signed tokens made from it.
+  for ``SIGNED_URL_MAX_AGE`` seconds on every process that has that API token configured, and only
+  on the WebSocket path it was made for (``path``, default the speech stream); removing the API
+  token revokes the signed tokens made from it.
 
 Comparisons are constant-time (``hmac.compare_digest``). A refused connection gets its handshake
 closed (HTTP 403) before any consumer runs and counts in ``omniweb_errors_total{kind="auth"}``.
@@ -49,6 +50,7 @@ logger = logging.getLogger(__name__)
 PROTOCOL = "omniweb.v1"  # the subprotocol the server answers when a client offers it
 TOKEN_PROTOCOL_PREFIX = "omniweb.token."
 SIGNED_TOKEN_PARAM = "token"
+DEFAULT_TOKEN_PATH = "/v1/audio/speech/stream"  # what POST /v1/ws-token binds a token to by default
 _SIGNER_SALT = "omniweb.ws-token"
 _FORWARDING_HEADERS = (b"x-forwarded-for", b"forwarded", b"x-real-ip")
 
@@ -87,14 +89,19 @@ def _signer(token: str) -> signing.TimestampSigner:
     return signing.TimestampSigner(key=token, salt=_SIGNER_SALT)
 
 
-def sign_ws_token(api_token: str) -> str:
-    """A token for ``?token=`` valid for ``SIGNED_URL_MAX_AGE`` seconds (URL-safe but for ``:``)."""
-    return _signer(api_token).sign(_fingerprint(api_token))
+def sign_ws_token(api_token: str, path: str = DEFAULT_TOKEN_PATH) -> str:
+    """A token for ``?token=`` valid for ``SIGNED_URL_MAX_AGE`` seconds on ``path`` only.
+
+    The path is part of what is signed: a token that leaks (a log, a Referer) opens no other
+    endpoint. URL-safe but for ``:``.
+    """
+    return _signer(api_token).sign(f"{_fingerprint(api_token)}@{path}")
 
 
-def check_signed_token(value: str, tokens: Sequence[str]) -> bool:
-    fingerprint, sep, _ = value.partition(":")
-    if not sep:
+def check_signed_token(value: str, tokens: Sequence[str], path: str) -> bool:
+    head, sep, _ = value.partition(":")
+    fingerprint, at, bound = head.partition("@")
+    if not sep or not at or bound != path:
         return False
     for token in tokens:
         if hmac.compare_digest(fingerprint.encode(), _fingerprint(token).encode()):
@@ -121,7 +128,7 @@ def authenticate(scope: dict[str, Any], tokens: Sequence[str]) -> str | None:
                 return "subprotocol"
     query = parse_qs(scope.get("query_string", b"").decode("latin1"))
     for value in query.get(SIGNED_TOKEN_PARAM, []):
-        if check_signed_token(value, tokens):
+        if check_signed_token(value, tokens, str(scope.get("path", ""))):
             return "signed-url"
     return None
 

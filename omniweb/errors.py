@@ -25,7 +25,7 @@ class ErrorKind(StrEnum):
 
 
 # What an engine ``end`` message's ``status`` is for each kind (clients that predate kinds read it).
-_STATUS = {ErrorKind.CAPACITY: "busy", ErrorKind.CLIENT: "invalid"}
+_STATUS = {ErrorKind.CAPACITY: "busy", ErrorKind.CLIENT: "invalid", ErrorKind.UNREACHABLE: "unavailable"}
 
 CAPACITY_MESSAGE = "server is at capacity; retry shortly"
 
@@ -58,4 +58,5 @@ def end_kind(chunk: dict[str, Any]) -> ErrorKind:
     try:
         return ErrorKind(chunk.get("kind"))
     except ValueError:
-        return {"busy": ErrorKind.CAPACITY, "invalid": ErrorKind.CLIENT}.get(chunk.get("status"), ErrorKind.ENGINE)
+        by_status = {"busy": ErrorKind.CAPACITY, "invalid": ErrorKind.CLIENT, "unavailable": ErrorKind.UNREACHABLE}
+        return by_status.get(chunk.get("status"), ErrorKind.ENGINE)

@@ -12,6 +12,7 @@ refused connection in Redis mode) just to say no.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
@@ -45,7 +46,30 @@ class BrowserOriginValidator(OriginValidator):
 
 
 def browser_origin_validator(application: Any) -> BrowserOriginValidator:
-    allowed = list(settings.ALLOWED_HOSTS)
+    """Origins from ``ALLOWED_ORIGINS`` when the deployment names them (scheme, host and port all
+    compared: a page on another port of the same host is another site), else ALLOWED_HOSTS' hosts."""
+    allowed = list(settings.ALLOWED_ORIGINS) or list(settings.ALLOWED_HOSTS)
     if settings.DEBUG and not allowed:
         allowed = ["localhost", "127.0.0.1", "[::1]"]
     return BrowserOriginValidator(application, allowed)
+
+
+def known_paths_only(application: Any, routes: list[Any]) -> Callable[..., Any]:
+    """Refuse a handshake on a path no route serves before anything else runs.
+
+    Channels' URLRouter raises ``ValueError`` for such a path, which daphne answers with HTTP 500
+    and a traceback in the log per attempt; here it is the plain refusal (HTTP 403) and daphne's
+    one access-log line.
+    """
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        if scope["type"] == "websocket":
+            path = scope.get("path", "")
+            root = scope.get("root_path", "")
+            if root and path.startswith(root):
+                path = path[len(root) :]
+            if not any(route.pattern.match(path.lstrip("/")) for route in routes):
+                return await deny_handshake(receive, send)
+        return await application(scope, receive, send)
+
+    return app

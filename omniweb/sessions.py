@@ -8,17 +8,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-from collections.abc import Awaitable, Callable
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from autobahn.exception import Disconnected
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from omniweb import metrics
 from omniweb.errors import ErrorKind
-from omniweb.protocol import error
-from omniweb.transport import client_stalled
+from omniweb.protocol import dumps, error
+from omniweb.transport import SendWatch, client_stalled
+
+logger = logging.getLogger(__name__)
+
+
+def spawn(coro: Coroutine[Any, Any, Any], what: str) -> asyncio.Task[Any]:
+    """A task whose failure is always observed and logged once, never "Task exception was never
+    retrieved" at garbage collection (a session's tasks may end while nobody awaits them)."""
+    task = asyncio.ensure_future(coro)
+    task.add_done_callback(functools.partial(_observe, what))
+    return task
+
+
+def _observe(what: str, task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        logger.error("%s failed", what, exc_info=exc)
 
 
 class SessionConsumer(AsyncWebsocketConsumer):
@@ -45,11 +63,44 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     def client_stalled(self) -> bool:
         """True when the transport holds more unsent bytes than a session may queue (see transport.py)."""
-        return client_stalled(self.scope, settings.SESSION_SEND_BUFFER_MAX)
+        return self.send_stalled or client_stalled(self.scope, settings.SESSION_SEND_BUFFER_MAX)
+
+    # Set once a send found the client not reading; the session has then been failed and closed.
+    send_stalled = False
+    client_gone = False  # a send found the socket closed: nothing more can reach the client
+    _send_watch: SendWatch | None = None
+
+    async def send(self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> None:
+        """Every send (audio, acks, errors, pongs) counts against the session's send budget.
+
+        A send to a client that has just left is dropped (daphne raises ``Disconnected`` until the
+        disconnect reaches the consumer): work in flight ends quietly instead of as a traceback.
+        """
+        if self.client_gone:
+            return
+        try:
+            await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+        except Disconnected:
+            self.client_gone = True
+            return
+        if close or self.send_stalled:
+            return
+        if self._send_watch is None:
+            self._send_watch = SendWatch(
+                self.scope,
+                max_bytes=settings.SESSION_SEND_BUFFER_MAX,
+                max_seconds=settings.SESSION_SEND_STALL_SECONDS,
+            )
+        reason = self._send_watch.stalled(time.monotonic())
+        if reason is None:
+            return
+        self.send_stalled = True
+        logger.warning("closing a session whose client stopped reading (%s)", reason)
+        await self.fail(f"Client is not reading: {reason}; session closed", ErrorKind.STALLED)
 
     async def send_json(self, payload: dict[str, Any]) -> None:
         metrics.count_error_message(payload)  # ops: omniweb_errors_total for every `error` sent
-        await self.send(text_data=json.dumps(payload))
+        await self.send(text_data=dumps(payload))  # strict JSON: never NaN/Infinity
 
 
 class SessionClock:

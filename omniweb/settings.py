@@ -38,6 +38,9 @@ def env_list(name: str, default: str) -> list[str]:
 SECRET_KEY = env_str("SECRET_KEY", "") or secrets.token_urlsafe(50)
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
+# Browser Origins allowed to open WebSockets, as full origins ("https://speech.example.org:8443"):
+# scheme, host and port must all match. Empty: any port of an ALLOWED_HOSTS host (omniweb/security.py).
+ALLOWED_ORIGINS = env_list("ALLOWED_ORIGINS", "")
 
 INSTALLED_APPS = [
     "daphne",  # first: its runserver serves ASGI (WebSockets) with our message-size limits
@@ -155,9 +158,17 @@ CODEC_FIRST_PACKET_FRAMES = env_int("CODEC_FIRST_PACKET_FRAMES", 4)
 SPEECH_IDLE_TIMEOUT = env_float("SPEECH_IDLE_TIMEOUT", 30.0)
 SPEECH_CONFIG_TIMEOUT = env_float("SPEECH_CONFIG_TIMEOUT", 10.0)
 SPEECH_MAX_TEXT_CHARS = env_int("SPEECH_MAX_TEXT_CHARS", 100_000)  # buffered text per utterance
+# What the talker synthesizes in one step (speech.text.bound_units), so every step is short and
+# cancellable whatever the text: at most this many characters, cut at clause marks...
+TALKER_MAX_UNIT_CHARS = env_int("TALKER_MAX_UNIT_CHARS", 1500)
+# ...and no run without a clause mark longer than this (hibari cannot cut one), cut between words.
+TALKER_MAX_RUN_CHARS = env_int("TALKER_MAX_RUN_CHARS", 300)
 # Bytes a session may have queued in daphne for a client that does not read (daphne applies no
 # backpressure): beyond this the session ends with an error. 4 MiB is ~40 s of 24 kHz PCM.
 SESSION_SEND_BUFFER_MAX = env_int("SESSION_SEND_BUFFER_MAX", 4 * 1024 * 1024)
+# ...or when bytes wait and none reaches the client for this long: well before daphne's keepalive
+# (a ping every 20 s, 30 s to answer) would drop the socket without an error message.
+SESSION_SEND_STALL_SECONDS = env_float("SESSION_SEND_STALL_SECONDS", 10.0)
 
 # Video transport (/v1/video/chat/stream).
 VIDEO_IDLE_TIMEOUT = env_float("VIDEO_IDLE_TIMEOUT", 60.0)  # no client message this long (no turn active)
@@ -165,6 +176,11 @@ VIDEO_CONFIG_TIMEOUT = env_float("VIDEO_CONFIG_TIMEOUT", 10.0)
 # Decompression-bomb guard: a frame whose header declares more pixels is refused before decoding.
 # 4096x4096 covers 4K cameras; one decode then needs at most 48 MiB.
 VIDEO_MAX_FRAME_PIXELS = env_int("VIDEO_MAX_FRAME_PIXELS", 4096 * 4096)
+# Bytes all sessions of one process may buffer together (frames, microphone audio): beyond it new
+# frames and audio are refused with an error (omniweb/budget.py). Per-session caps still apply.
+PROCESS_BUFFER_BUDGET = env_int("PROCESS_BUFFER_BUDGET", 2 * 1024 * 1024 * 1024)
+# Threads of the frame decode pool (video/decoding.py): client frame decodes run there only.
+VIDEO_DECODE_THREADS = env_int("VIDEO_DECODE_THREADS", 2)
 # Bytes of frames one session buffers; beyond it the oldest frames go, as beyond max_frames.
 VIDEO_MAX_BUFFER_BYTES = env_int("VIDEO_MAX_BUFFER_BYTES", 256 * 1024 * 1024)
 VIDEO_HISTORY_TURNS = env_int("VIDEO_HISTORY_TURNS", 8)  # earlier question/answer pairs sent with a query
@@ -210,3 +226,38 @@ WORKER_STALE_SECONDS = env_float("WORKER_STALE_SECONDS", 5.0)  # older heartbeat
 INSTALLED_APPS.append("servestatic")
 MIDDLEWARE.insert(1, "servestatic.middleware.ServeStaticMiddleware")
 SERVESTATIC_USE_FINDERS = True  # straight from static/: no collectstatic step to run the app
+
+# Hardening (issue #11). The pages load only their own ES modules and stylesheet (no inline script
+# or style anywhere in templates/), so the policy can be strict; both middlewares are async-capable.
+MIDDLEWARE += ["csp.middleware.CSPMiddleware", "django_permissions_policy.PermissionsPolicyMiddleware"]
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],  # AudioWorklet modules are scripts too: static/worklets/
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:", "blob:"],
+        "media-src": ["'self'", "blob:"],
+        "connect-src": ["'self'"],  # same-origin fetch and ws:/wss: (CSP 3 'self' covers both)
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
+PERMISSIONS_POLICY = {
+    "camera": ["self"],
+    "microphone": ["self"],
+    "geolocation": [],
+    "payment": [],
+    "usb": [],
+}
+# The example key of deploy/omniweb.env.example (and Django's startproject prefix) must never sign
+# tokens in production: refuse to start with one unless DEBUG is on.
+EXAMPLE_SECRET_KEYS = {"change-me"}
+if not DEBUG and (SECRET_KEY in EXAMPLE_SECRET_KEYS or SECRET_KEY.startswith("django-insecure-")):
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        "OMNIWEB_SECRET_KEY is the example value: set a secret of your own "
+        "(python3 -c 'import secrets; print(secrets.token_urlsafe(50))'), or unset it for a random per-process key"
+    )

@@ -54,7 +54,8 @@ async def metrics_view(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 async def ws_token(request: HttpRequest) -> HttpResponse:
-    """Trade an API token (``Authorization: Bearer``) for a short-lived ``?token=`` WebSocket token."""
+    """Trade an API token (``Authorization: Bearer``) for a short-lived ``?token=`` WebSocket token,
+    good on one WebSocket path only (``path``, in the query or form; default the speech stream)."""
     tokens = auth.api_tokens()
     if not tokens:
         return _no_store(JsonResponse({"error": "access control is off (OMNIWEB_API_TOKENS is not set)"}, status=404))
@@ -65,10 +66,17 @@ async def ws_token(request: HttpRequest) -> HttpResponse:
         response = JsonResponse({"error": "send a valid API token as 'Authorization: Bearer <token>'"}, status=401)
         response["WWW-Authenticate"] = 'Bearer realm="omniweb"'
         return _no_store(response)
+    from omniweb.routing import websocket_urlpatterns
+
+    paths = sorted(f"/{route.pattern}" for route in websocket_urlpatterns)
+    path = request.GET.get("path") or request.POST.get("path") or auth.DEFAULT_TOKEN_PATH
+    if path not in paths:  # a token is bound to one endpoint (issue #11)
+        return _no_store(JsonResponse({"error": f"path must be one of: {', '.join(paths)}"}, status=400))
     body = {
-        "token": auth.sign_ws_token(api_token),
+        "token": auth.sign_ws_token(api_token, path),
         "expires_in": settings.SIGNED_URL_MAX_AGE,
         "query_parameter": auth.SIGNED_TOKEN_PARAM,
+        "path": path,
     }
     return _no_store(JsonResponse(body))
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import json
 import logging
 import time
 import uuid
@@ -34,7 +33,8 @@ from omniweb import metrics  # ops instrumentation: time to first audio
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
 from omniweb.errors import ErrorKind, end_kind
-from omniweb.sessions import SessionClock, SessionConsumer
+from omniweb.protocol import excerpt
+from omniweb.sessions import SessionClock, SessionConsumer, spawn
 
 from . import protocol
 from .codec import wire
@@ -121,7 +121,7 @@ class SpeechStreamConsumer(SessionConsumer):
             on_timeout=self.on_timeout,
         )
         await self.accept()
-        self.watchdog = asyncio.ensure_future(self.clock.run())
+        self.watchdog = spawn(self.clock.run(), "speech session clock")
         self.handlers: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
             "input.text": self.on_input_text,
             "input.done": self.on_input_done,
@@ -143,7 +143,20 @@ class SpeechStreamConsumer(SessionConsumer):
         if self.generation is not None:
             # Cancelling the task closes the engine stream, which aborts the request in the engine.
             await asyncio.gather(self.generation, return_exceptions=True)
+        self._release()
         logger.info("speech session closed (code %s)", code)
+
+    def _release(self) -> None:
+        """Drop buffered text, held messages and the references that make the session a cycle
+        (clock and handler closures, tasks), so a closed session is freed without the cyclic GC."""
+        for name in ("text_parts", "pending", "handlers"):
+            with contextlib.suppress(AttributeError):  # connect may have failed before setting it
+                getattr(self, name).clear()
+        self.pending_bytes = 0
+        self.utterance = None
+        self.generation = None
+        self.watchdog = None
+        self.clock = None
 
     # -- the single reader -------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -178,11 +191,11 @@ class SpeechStreamConsumer(SessionConsumer):
         if msg_type == "session.config":
             await self.on_session_config(msg)
         elif self.config is None:
-            await self.fail(f"Expected session.config, got: {msg_type}")
+            await self.fail(f"Expected session.config, got: {excerpt(msg_type)}")
         elif isinstance(msg_type, str) and msg_type in self.handlers:
             await self.handlers[msg_type](msg)
         else:
-            await self.send_json(protocol.error(f"Unknown message type: {msg_type}"))
+            await self.send_json(protocol.error(f"Unknown message type: {excerpt(msg_type)}"))
 
     # -- handlers, one per message type ------------------------------------------------------------
     async def on_session_config(self, msg: dict[str, Any]) -> None:
@@ -321,7 +334,7 @@ class SpeechStreamConsumer(SessionConsumer):
             feed=list(pieces),
             input_done=input_done,
         )
-        self.generation = asyncio.ensure_future(self._run_utterance(self.utterance, config))
+        self.generation = spawn(self._run_utterance(self.utterance, config), "speech utterance")
 
     def _request(self, utt: _Utterance, config: SessionConfig, pieces: list[str]) -> dict[str, Any]:
         """The engine request for the next pieces of the utterance."""
@@ -434,15 +447,8 @@ class SpeechStreamConsumer(SessionConsumer):
                     if chunk["type"] == "end":
                         return await self._on_end(utt, config, chunk)
                     await self._on_chunk(utt, config, chunk)
-                    if self.client_stalled():
-                        logger.warning("closing a session whose client stopped reading")
-                        # Leaving the loop closes the engine stream, which aborts the request.
-                        await self.fail(
-                            f"Client is not reading: over {settings.SESSION_SEND_BUFFER_MAX} bytes queued; "
-                            "session closed",
-                            ErrorKind.STALLED,
-                        )
-                        return "stalled"
+                    if self.send_stalled or self.client_gone:  # failed by a send, or gone (sessions.py)
+                        return "stalled"  # leaving the loop closes the engine stream, which aborts the request
         finally:
             utt.streaming = False
             self.clock.touch()
@@ -454,17 +460,19 @@ class SpeechStreamConsumer(SessionConsumer):
             utt.rng_state = chunk.get("rng_state")
         elif status == "cancelled" and utt.cancelled:
             await self._end_utterance(utt, config, cancelled=True)
-        elif status == "busy" and utt.sentences == 0 and utt.current is None:
+        elif status in ("busy", "unavailable") and utt.sentences == 0 and utt.current is None:
+            # nothing was generated: the client may retry
             await self.send_json(protocol.error(chunk["message"], kind=end_kind(chunk)))
             await self.send_json(protocol.session_done(utt.index, 0))
-        elif status == "busy":  # a later request of an utterance that already spoke
+        elif status in ("busy", "unavailable"):  # a later request of an utterance that already spoke
             await self.send_json(protocol.error(chunk["message"], kind=end_kind(chunk)))
             await self._end_utterance(utt, config, failed=True, kind=end_kind(chunk))
         else:
             logger.warning(
                 "utterance %d ended with %s (%s): %s", utt.index, status, chunk.get("kind"), chunk.get("message")
             )
-            await self._end_utterance(utt, config, failed=True, kind=end_kind(chunk))
+            retry = chunk.get("message") if "retry" in str(chunk.get("message")) else None
+            await self._end_utterance(utt, config, failed=True, kind=end_kind(chunk), reason=retry)
         return status
 
     async def _replay_pending(self) -> None:
@@ -630,6 +638,7 @@ class SpeechStreamConsumer(SessionConsumer):
         failed: bool = False,
         cancelled: bool = False,
         kind: ErrorKind = ErrorKind.ENGINE,
+        reason: str | None = None,
     ) -> None:
         """Close the open sentence with audio.done, then the utterance.
 
@@ -646,7 +655,8 @@ class SpeechStreamConsumer(SessionConsumer):
         if failed:
             await self.send_json(
                 protocol.error(
-                    f"Generation failed for utterance {utt.index}, sentence {sentence.index}",
+                    f"Generation failed for utterance {utt.index}, sentence {sentence.index}"
+                    + (f": {reason}" if reason else ""),  # an engine outage says so, and to retry
                     partial_audio=sentence.sent_bytes > 0,
                     kind=kind,
                 )
@@ -679,7 +689,7 @@ def _is_cancel(raw: str) -> bool:
     if len(raw) > protocol.MAX_OTHER_MESSAGE_SIZE:
         return False
     try:
-        msg = json.loads(raw)
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(msg, dict) and msg.get("type") == "input.cancel"
+        msg = protocol.parse_message(raw)
+    except ProtocolError:
+        return False  # handled (and reported) in arrival order with the held messages
+    return msg.get("type") == "input.cancel"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import wave
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -16,7 +15,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from omniweb.errors import ErrorKind
-from omniweb.protocol import ProtocolError, describe_validation_error
+from omniweb.protocol import ProtocolError, describe_validation_error, excerpt, loads
 from omniweb.protocol import error as base_error
 
 SAMPLE_RATE = 24000
@@ -100,10 +99,7 @@ def parse_message(raw: str) -> dict[str, Any]:
     """Decode one client text message, enforcing the per-type size limits."""
     if len(raw) > max(MAX_CONFIG_MESSAGE_SIZE, MAX_OTHER_MESSAGE_SIZE):
         raise ProtocolError("WebSocket message too large")
-    try:
-        msg = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError):
-        raise ProtocolError("Invalid JSON message") from None
+    msg = loads(raw, "Invalid JSON message")  # every parse failure is a ProtocolError
     if not isinstance(msg, dict):
         raise ProtocolError("WebSocket messages must be JSON objects")
     if msg.get("type") == "session.config":
@@ -128,12 +124,14 @@ def check_capabilities(config: SessionConfig, caps: Capabilities) -> None:
     """Refuse fields the voice cannot honour instead of silently ignoring them."""
     if config.model is not None and config.model not in caps.model_names:
         raise ProtocolError(
-            f"The model '{config.model}' does not exist; available models: {', '.join(caps.model_names)}"
+            f"The model '{excerpt(config.model)}' does not exist; available models: {', '.join(caps.model_names)}"
         )
     if config.voice is not None and config.voice not in caps.voices:
-        raise ProtocolError(f"Unknown voice '{config.voice}'; available voices: {', '.join(caps.voices)}")
+        raise ProtocolError(f"Unknown voice '{excerpt(config.voice)}'; available voices: {', '.join(caps.voices)}")
     if config.language is not None and config.language.strip().lower() not in caps.languages:
-        raise ProtocolError(f"Unsupported language '{config.language}'; supported: {', '.join(caps.languages)}")
+        raise ProtocolError(
+            f"Unsupported language '{excerpt(config.language)}'; supported: {', '.join(caps.languages)}"
+        )
     if config.response_format not in caps.response_formats:
         raise ProtocolError(
             f"response_format '{config.response_format}' is not available on this server; "

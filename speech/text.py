@@ -57,6 +57,51 @@ def split_text(text: str, granularity: Granularity) -> list[str]:
     raise ValueError(f"unknown granularity {granularity!r}")
 
 
+def bound_units(pieces: list[str], max_chars: int, max_run: int) -> list[str]:
+    """The same text with every piece bounded: what the talker synthesizes in one step.
+
+    The voice model runs a piece at once. hibari cuts a long piece at its clause marks into model
+    calls of bounded size, but a run of text without one stays a single call whose time and memory
+    grow with it (an unpunctuated 4,000-character sentence: one 9 s step, +1 GB). So a piece is cut
+    when it is longer than ``max_chars`` in all, or holds a clause longer than ``max_run``: at
+    clause marks first (packing clauses up to ``max_chars``), then between words (up to
+    ``max_run``); only a single word longer than ``max_run`` is cut inside. Other pieces, the
+    ordinary case, are returned unchanged.
+    """
+    if not 1 <= max_run <= max_chars:
+        raise ValueError("need 1 <= max_run <= max_chars")
+    out: list[str] = []
+    for piece in pieces:
+        clauses = _split_clauses(piece) if len(piece) > max_run else [piece]
+        if len(piece) <= max_chars and all(len(c) <= max_run for c in clauses):
+            out.append(piece)
+            continue
+        packed: list[str] = []  # whole clauses, joined while they fit in max_chars
+        for clause in clauses:
+            if len(clause) <= max_run:
+                packed.append(clause)
+                continue
+            # A clause cut between words: each cut is a piece of its own (joined to a neighbour it
+            # would again be a run longer than max_run without a clause mark).
+            out.extend(_pack(packed, max_chars))
+            packed = []
+            words = [w[i : i + max_run] for w in clause.split() for i in range(0, len(w), max_run)]
+            out.extend(_pack(words, max_run))
+        out.extend(_pack(packed, max_chars))
+    return out
+
+
+def _pack(parts: list[str], max_chars: int) -> list[str]:
+    """Join consecutive parts with spaces while the result stays within ``max_chars``."""
+    out: list[str] = []
+    for part in parts:
+        if out and len(out[-1]) + 1 + len(part) <= max_chars:
+            out[-1] = f"{out[-1]} {part}"
+        else:
+            out.append(part)
+    return out
+
+
 def model_text(piece: str) -> str:
     """The piece as hibari's splitter hands it to the model (closing quotes after the end dropped)."""
     return _CLOSERS_AT_END.sub("", piece)

@@ -61,7 +61,9 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1100, "height": 900})
+    # bypass_csp: the tests' own wait_for_function strings are eval'd in the page, which the pages'
+    # CSP (script-src 'self') forbids; test_pages_run_under_their_csp checks the pages with it on.
+    context = browser.new_context(viewport={"width": 1100, "height": 900}, bypass_csp=True)
     pg = context.new_page()
     errors: list[str] = []
     pg.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -121,6 +123,28 @@ def test_index_links_pages_and_shows_health(page, base_url):
     assert "Ready" in page.locator("#health-text").text_content()
     assert page.locator("a[href='/speech/']").count() >= 1 and page.locator("a[href='/video/']").count() >= 1
     shot(page, "index")
+
+
+def test_pages_run_under_their_csp(browser, base_url):
+    """With the Content-Security-Policy enforced, every page loads its modules and connects: no
+    inline script or style anywhere, nothing the policy blocks (issue #11)."""
+    context = browser.new_context(viewport={"width": 1100, "height": 900})
+    try:
+        pg = context.new_page()
+        violations: list[str] = []
+        pg.on("console", lambda msg: violations.append(msg.text) if "Content Security Policy" in msg.text else None)
+        pg.on("pageerror", lambda exc: violations.append(str(exc)))
+        pg.goto(base_url + "/")
+        pg.wait_for_selector("#health[data-state='ok']", timeout=15_000)
+        pg.goto(base_url + "/speech/")
+        pg.fill("#text", "Under the policy.")
+        pg.click("#speak")  # the page's module runs, opens its WebSocket and plays (worklet included)
+        pg.wait_for_selector("#conn[data-state='open']", timeout=15_000)
+        pg.goto(base_url + "/video/")
+        pg.wait_for_load_state("networkidle")
+        assert not violations, violations
+    finally:
+        context.close()
 
 
 def test_pages_fit_a_phone_screen(browser, base_url):

@@ -468,6 +468,20 @@ def test_env_example_lists_every_setting():
 # -- embedded default behind nginx -----------------------------------------------------------------
 
 
+def test_access_log_keeps_no_query_strings(stack, tmp_path):
+    """Signed tokens ride query strings (and so Referers): nginx logs the path only (issue #11)."""
+    n = render_nginx(tmp_path, [free_port()])  # no daphne behind it: the 502 is logged all the same
+    start_nginx(stack, n)
+    https_get(n, "/speech/?token=secret-token-must-not-be-logged")
+    conn = http.client.HTTPConnection("127.0.0.1", n.http_port, timeout=10)
+    conn.request("GET", "/v1/ws-token?token=another-secret", headers={"Referer": "https://x/?token=third-secret"})
+    conn.getresponse().read()
+    conn.close()
+    log = (n.prefix / "access.log").read_text()
+    assert '"GET /speech/ HTTP/1.1" 502' in log and '"GET /v1/ws-token HTTP/1.1" 301' in log, log
+    assert "secret" not in log, log
+
+
 def test_embedded_daphne_behind_nginx(stack, tmp_path):
     """No Redis: one daphne runs the engine itself; nginx terminates TLS in front of it."""
     daphne_port = start_daphne(stack, base_env())

@@ -24,6 +24,7 @@ from conftest import ROOT, _stop, free_port
 
 from omniweb.engine.dispatch import (
     BLOB_MIN_BYTES,
+    ENGINE_UNREACHABLE,
     MAX_MESSAGE_BYTES,
     ChannelEngineClient,
     blob_keys,
@@ -246,6 +247,30 @@ async def test_client_walking_away_frees_the_worker_within_a_second(stack):
         await asyncio.sleep(0.05)
 
 
+async def test_paused_worker_stops_the_requests_its_clients_gave_up_on(stack):
+    """SIGSTOP past the lease, then SIGCONT: the worker must not generate on for nobody (issue #11)."""
+    client = client_for(stack)
+    logs: list[list[tuple[float, dict[str, Any]]]] = [[] for _ in range(4)]
+    tasks = [asyncio.ensure_future(collect(client, request(LONG), log)) for log in logs]
+    while not all(log for log in logs):
+        await asyncio.sleep(0.02)
+    victim = await wait_busy(stack, ["w1", "w2"])
+    pid = stack.workers[victim].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert any(ended(log)["message"] == "engine worker lost" for log in logs if ended(log)["status"] == "error")
+    resumed_at, resumed_wall = time.monotonic(), time.time()  # heartbeats carry wall-clock times
+    while True:  # the resumed worker drops the abandoned requests within a couple of seconds
+        beat = await asyncio.to_thread(stack.beat, victim)
+        if beat is not None and beat["ts"] > resumed_wall + 0.5 and not (beat["active"] or beat["running_steps"]):
+            break
+        assert time.monotonic() - resumed_at < 5.0, f"resumed worker still generating: {beat}"
+        await asyncio.sleep(0.1)
+
+
 async def test_redis_restart_fails_in_flight_requests_and_recovers(stack):
     client = client_for(stack)
     log: list[tuple[float, dict[str, Any]]] = []
@@ -254,8 +279,17 @@ async def test_redis_restart_fails_in_flight_requests_and_recovers(stack):
         await asyncio.sleep(0.02)
     stack.stop_redis()
     await asyncio.wait_for(task, 10)
-    assert ended(log)["status"] == "error"
     assert ended(log)["kind"] in ("engine_unreachable", "worker_lost")
+    assert ended(log)["status"] == ("unavailable" if ended(log)["kind"] == "engine_unreachable" else "error")
+    # While Redis is down, a new request is told the engine is unreachable, and to retry.
+    down: list[tuple[float, dict[str, Any]]] = []
+    await asyncio.wait_for(collect(client_for(stack), request("Nobody home."), down), 10)
+    assert ended(down) == {
+        "type": "end",
+        "status": "unavailable",
+        "kind": "engine_unreachable",
+        "message": ENGINE_UNREACHABLE,
+    }
     stack.start_redis()
     # Workers reconnect on their own; a new request works without restarting anything.
     deadline = time.monotonic() + 20

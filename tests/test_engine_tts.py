@@ -163,3 +163,23 @@ def test_unseeded_speech_leaves_the_noise_to_the_vocoder(pipeline):
     assert pcm[1] != pcm[2]
     rms = [float(np.sqrt(np.mean((np.frombuffer(p, "<i2") / 32768.0) ** 2))) for p in pcm]
     assert max(rms) < 1.15 * min(rms)
+
+
+def test_no_talker_step_grows_with_an_unpunctuated_sentence(pipeline, monkeypatch):
+    """4,000 characters without a clause mark: every talker step gets a bounded piece (issue #11)."""
+    from django.conf import settings
+
+    seen: list[str] = []
+    talk = pipeline.talker.talk
+
+    def spy(voice, index, text, *args):
+        seen.append(text)
+        return talk(voice, index, text, *args)
+
+    monkeypatch.setattr(pipeline.talker, "talk", spy)
+    text = " ".join(["blue"] * 800)
+    chunks = synthesize(pipeline, text=text, split="none", max_frames=4)
+    assert chunks[-1]["status"] == "ok"
+    assert len(seen) == 14 and max(map(len, seen)) <= settings.TALKER_MAX_RUN_CHARS
+    starts = [c["text"] for c in chunks if c["type"] == "sentence.start"]
+    assert " ".join(starts) == text  # each bounded piece is a sentence on the wire, in order

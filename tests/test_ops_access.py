@@ -90,7 +90,7 @@ def signed_long_ago(api_token: str, seconds: float) -> str:
         def timestamp(self) -> str:
             return signing.b62_encode(int(time.time() - seconds))
 
-    return Backdated(key=api_token, salt=auth._SIGNER_SALT).sign(auth._fingerprint(api_token))
+    return Backdated(key=api_token, salt=auth._SIGNER_SALT).sign(f"{auth._fingerprint(api_token)}@{SPEECH_PATH}")
 
 
 # -- open by default ---------------------------------------------------------------------------------
@@ -277,3 +277,19 @@ async def test_zero_means_unlimited(ws, settings):
     for port in range(3):
         _, ok, _ = await ws(client=("203.0.113.7", 50000 + port))
         assert ok
+
+
+async def test_signed_tokens_are_bound_to_the_path_they_were_made_for(ws, tokens):
+    """A leaked ?token= (a log line, a Referer) opens no other endpoint (issue #11)."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    speech = json.loads((await ws_token(TOKEN)).content)
+    assert speech["path"] == SPEECH_PATH
+    video = json.loads((await AsyncClient().post("/v1/ws-token?path=/v1/video/chat/stream", headers=headers)).content)
+    _, ok, _ = await ws(f"/v1/video/chat/stream?token={quote(speech['token'])}")
+    assert not ok
+    _, ok, _ = await ws(f"{SPEECH_PATH}?token={quote(video['token'])}")
+    assert not ok
+    _, ok, _ = await ws(f"/v1/video/chat/stream?token={quote(video['token'])}")
+    assert ok
+    bad = await AsyncClient().post("/v1/ws-token?path=/admin", headers=headers)
+    assert bad.status_code == 400 and "path must be one of" in json.loads(bad.content)["error"]

@@ -8,12 +8,13 @@ import json
 import time
 from typing import Any
 
+import pytest
 from channels.testing import WebsocketCommunicator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from omniweb.asgi import application
-from omniweb.engine.runtime import get_scheduler
+from omniweb.engine.runtime import get_engine_client, get_scheduler
 
 PATH = "/v1/audio/speech/stream"
 TYPES = ["session.config", "input.text", "input.done", "input.cancel", "session.close", "nonsense", ""]
@@ -51,10 +52,22 @@ def mutated(draw: st.DrawFn) -> dict[str, Any]:
     return msg
 
 
+# Hostile JSON (issue #11): integers over Python's digit limit, non-finite numbers, an absurd type.
+hostile_literal = st.sampled_from(["9" * 5000, "-" + "1" * 4400, "NaN", "Infinity", "-Infinity", "1e400", "1e308"])
+
+
+@st.composite
+def hostile(draw: st.DrawFn) -> str:
+    msg = json.dumps(draw(valid))
+    field = draw(st.sampled_from(["seed", "speed", "text", "type", "max_new_tokens"]))
+    return msg[:-1] + f', "{field}": {draw(hostile_literal)}}}'
+
+
 message = st.one_of(
     valid.map(json.dumps),
     mutated().map(json.dumps),
     json_values.map(json.dumps),
+    hostile(),
     st.text(max_size=50),
     st.binary(max_size=50),
 )
@@ -77,6 +90,10 @@ async def fresh_session_works() -> None:
     await comm.disconnect()
 
 
+def _not_json(name: str) -> None:
+    raise AssertionError(f"the server sent {name}, which is not JSON")
+
+
 async def episode(messages: list[str | bytes]) -> None:
     comm = WebsocketCommunicator(application, PATH)
     connected, _ = await comm.connect()
@@ -94,10 +111,12 @@ async def episode(messages: list[str | bytes]) -> None:
         out = await comm.receive_output(timeout=1)
         closed = out["type"] == "websocket.close"
         if out["type"] == "websocket.send" and out.get("text"):
-            msg = json.loads(out["text"])
+            msg = json.loads(out["text"], parse_constant=_not_json)  # strict: never NaN on the wire
             assert isinstance(msg, dict) and "type" in msg
             if msg["type"] == "error":
-                assert "Traceback" not in msg["message"]
+                assert "Traceback" not in msg["message"] and len(msg["message"]) < 400
+        else:
+            assert out["type"] != "websocket.close" or out.get("code") != 1011, "a parse failure crashed the session"
     await comm.disconnect()
     await fresh_session_works()
     # Nothing left behind: no engine request, no running step, no consumer task.
@@ -112,6 +131,12 @@ async def episode(messages: list[str | bytes]) -> None:
     await asyncio.sleep(0)
     leftovers = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
     assert not leftovers, leftovers
+
+
+@pytest.fixture(scope="module", autouse=True)
+def engine_loaded() -> None:
+    """Models load before the first example (a connect waiting on the load would time out)."""
+    get_engine_client()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

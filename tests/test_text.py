@@ -12,7 +12,7 @@ import onnxruntime
 import pytest
 from hibari import Hibari
 
-from speech.text import DURATION_UNIT_MS, align_words, split_text
+from speech.text import DURATION_UNIT_MS, align_words, bound_units, split_text
 
 DURATIONS = "/Cast_32_output_0"
 FOX = "The quick brown fox jumps over the lazy dog."
@@ -239,3 +239,24 @@ def test_align_is_fast(model: Model) -> None:
         align_words(text, segments, model.tts.vocab, cache.__getitem__)
         best = min(best, time.perf_counter() - t0)
     assert best < 0.02
+
+
+# -- the talker's step bound (issue #11) ---------------------------------------------------------
+
+
+def test_bound_units_cuts_overlong_text_at_clauses_then_words():
+    clauses = "first part here, second part here, third part"
+    assert bound_units([clauses], 34, 20) == ["first part here, second part here,", "third part"]
+    words = " ".join(["blue"] * 800)  # 3,999 characters, no clause mark at all
+    pieces = bound_units([words], 1500, 300)
+    assert all(len(p) <= 300 for p in pieces) and len(pieces) == 14
+    assert " ".join(pieces) == words  # nothing lost, every cut between words
+    assert bound_units(["x" * 25], 10, 10) == ["x" * 10, "x" * 10, "x" * 5]  # one word longer than the bound
+    # Punctuated sentences within the bound stay whole (hibari cuts them into model calls itself).
+    long_but_punctuated = ", ".join(["the dog and the cat walked along the bank"] * 12) + "."
+    assert bound_units([long_but_punctuated], 1500, 300) == [long_but_punctuated]
+    assert bound_units(["Short. ", "Also short."], 1500, 300) == ["Short. ", "Also short."]
+    # A long run between two clauses: its word cuts are never joined to a neighbour.
+    mixed = "a short clause, " + " ".join(["red"] * 100) + ", and another"
+    out = bound_units([mixed], 1500, 120)
+    assert out[0] == "a short clause," and out[-1] == "and another" and all(len(p) <= 120 for p in out[1:-1])

@@ -5,10 +5,11 @@ first ``session.config`` itself, then parses each later message and puts it on t
 inbox. One processor task takes the inbox in order, with one handler per message type, so frames,
 audio and queries keep their arrival order while the reader stays free.
 
-Frames are checked on the acknowledgement path in a thread (strict base64, JPEG/PNG header, pixel
-budget, the similarity thumbnail), then fully decoded ahead of time by the session's decoder task,
-also in a thread. A frame that does not decode is removed from the buffer and reported; a turn waits
-for its frames' decodes, so the thinker only ever gets frames known to decode.
+Frames are checked on the acknowledgement path on the decode pool (video/decoding.py): strict
+base64, JPEG/PNG header, pixel budget, JPEG scan count, the similarity thumbnail; then fully decoded
+ahead of time by the session's decoder task, also on that pool. A frame that does not decode is
+removed from the buffer and reported; a turn waits for its frames' decodes, so the thinker only ever
+gets frames known to decode.
 
 A turn (``video.query``) runs as its own task streaming the engine request's chunks; a newer query
 interrupts it (the engine request is aborted and the old turn sends nothing more).
@@ -29,14 +30,17 @@ from typing import Any
 
 from django.conf import settings
 
+from omniweb import budget as process_budget
 from omniweb import metrics
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
 from omniweb.errors import ErrorKind, end_kind
-from omniweb.sessions import SessionClock, SessionConsumer
+from omniweb.protocol import excerpt
+from omniweb.sessions import SessionClock, SessionConsumer, spawn
 from speech.tts.model import capabilities
 
 from . import frames, protocol
+from .decoding import run_decode
 from .frames import FrameError
 from .protocol import ProtocolError, VideoSessionConfig
 
@@ -124,7 +128,7 @@ class VideoStreamConsumer(SessionConsumer):
             on_timeout=self.on_timeout,
         )
         await self.accept()
-        self.tasks.append(asyncio.ensure_future(self.clock.run()))
+        self.tasks.append(spawn(self.clock.run(), "video session clock"))
         self.handlers: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
             "video.frame": self.on_video_frame,
             "audio.chunk": self.on_audio_chunk,
@@ -135,7 +139,20 @@ class VideoStreamConsumer(SessionConsumer):
 
     async def disconnect(self, code: int) -> None:
         await self._shutdown()
+        self._release()
         logger.info("video session closed (code %s)", code)
+
+    def _release(self) -> None:
+        """Drop the session's buffers and the references that make it a cycle (clock and handler
+        closures, tasks), so a closed session is freed at once, not at the cyclic collector's leisure."""
+        process_budget.release(getattr(self, "buffered_bytes", 0) + len(getattr(self, "audio", b"")))
+        for name in ("frames", "decode_queue", "history", "tasks", "handlers", "audio"):
+            with contextlib.suppress(AttributeError):  # connect may have failed before setting it
+                getattr(self, name).clear()
+        self.buffered_bytes = 0
+        self.turn = None
+        self.clock = None
+        self.filter = None
 
     # -- the single reader -------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -180,8 +197,8 @@ class VideoStreamConsumer(SessionConsumer):
         if config.enable_frame_filter:
             self.filter = frames.SimilarityFilter(config.frame_filter_threshold)
         self.state = SessionState.READY
-        self.tasks.append(asyncio.ensure_future(self._process()))
-        self.tasks.append(asyncio.ensure_future(self._decode_ahead()))
+        self.tasks.append(spawn(self._process(), "video session processor"))
+        self.tasks.append(spawn(self._decode_ahead(), "video frame decoder"))
 
     # -- the processor: one handler per message type -----------------------------------------------
     async def _process(self) -> None:
@@ -195,7 +212,7 @@ class VideoStreamConsumer(SessionConsumer):
             msg_type = item.get("type")
             handler = self.handlers.get(msg_type) if isinstance(msg_type, str) else None
             if handler is None:
-                await self.send_json(protocol.error(f"Unknown type: {msg_type}"))
+                await self.send_json(protocol.error(f"Unknown type: {excerpt(msg_type)}"))
                 continue
             await handler(item)
 
@@ -212,7 +229,12 @@ class VideoStreamConsumer(SessionConsumer):
             await self.send_json(protocol.error("Frame too large"))
             return
         try:
-            prepared = await asyncio.to_thread(
+            protocol.check_frame_timestamps(msg)
+        except ProtocolError as exc:
+            await self.send_json(protocol.error(exc.message))
+            return
+        try:
+            prepared = await run_decode(
                 frames.prepare_frame,
                 text,
                 max_pixels=settings.VIDEO_MAX_FRAME_PIXELS,
@@ -231,8 +253,11 @@ class VideoStreamConsumer(SessionConsumer):
         budget = settings.VIDEO_MAX_BUFFER_BYTES - len(prepared.data)
         while self.frames and (len(self.frames) >= self.config.max_frames or self.buffered_bytes > budget):
             dropped = self.frames.pop(0)
-            self.buffered_bytes -= len(dropped.data)
+            self._unbuffer(len(dropped.data))
             dropped_id = dropped.meta.get("frame_id")
+        if not process_budget.reserve(len(prepared.data)):  # all sessions together: omniweb/budget.py
+            await self.send_json(protocol.error(process_budget.FULL_MESSAGE))
+            return
         self.buffered_bytes += len(prepared.data)
         frame = _Frame(data=prepared.data, meta=protocol.frame_metadata(msg, received_ms))
         self.frames.append(frame)
@@ -248,7 +273,7 @@ class VideoStreamConsumer(SessionConsumer):
     async def on_decode_failed(self, frame: _Frame) -> None:
         if frame in self.frames:
             self.frames.remove(frame)
-            self.buffered_bytes -= len(frame.data)
+            self._unbuffer(len(frame.data))
             await self.send_json(protocol.error("Frame decode failed"))
 
     async def on_audio_chunk(self, msg: dict[str, Any]) -> None:
@@ -257,16 +282,31 @@ class VideoStreamConsumer(SessionConsumer):
         except ProtocolError as exc:
             await self.send_json(protocol.error(exc.message))
             return
-        if not self._buffer_audio(pcm):
-            await self.send_json(protocol.error("Audio buffer overflow"))
+        if problem := self._buffer_audio(pcm):
+            await self.send_json(protocol.error(problem))
 
-    def _buffer_audio(self, pcm: bytes) -> bool:
-        """Append, or clear the buffer on overflow (the caller reports it)."""
+    def _buffer_audio(self, pcm: bytes) -> str | None:
+        """Append, or clear the buffer on overflow and say why (the caller reports it)."""
         if len(self.audio) + len(pcm) > protocol.MAX_AUDIO_BUFFER_BYTES:
-            self.audio.clear()
-            return False
+            self._take_audio()
+            return "Audio buffer overflow"
+        if not process_budget.reserve(len(pcm)):
+            self._take_audio()
+            return process_budget.FULL_MESSAGE
         self.audio.extend(pcm)
-        return True
+        return None
+
+    def _take_audio(self) -> bytes:
+        """The buffered microphone audio, now out of the buffer (and of the process budget)."""
+        audio = bytes(self.audio)
+        process_budget.release(len(self.audio))
+        self.audio.clear()
+        return audio
+
+    def _unbuffer(self, nbytes: int) -> None:
+        """A buffered frame of ``nbytes`` left the buffer."""
+        self.buffered_bytes -= nbytes
+        process_budget.release(nbytes)
 
     async def on_video_query(self, msg: dict[str, Any]) -> None:
         assert self.config is not None
@@ -281,8 +321,8 @@ class VideoStreamConsumer(SessionConsumer):
             except ProtocolError as exc:
                 await self.send_json(protocol.error(exc.message))
             else:
-                if not self._buffer_audio(pcm):
-                    await self.send_json(protocol.error("Audio buffer overflow"))
+                if problem := self._buffer_audio(pcm):
+                    await self.send_json(protocol.error(problem))
         await self._interrupt()
         if not self.frames:
             await self.send_json(protocol.error("No frames buffered"))
@@ -293,12 +333,11 @@ class VideoStreamConsumer(SessionConsumer):
             modalities=tuple(self.config.modalities),
             snapshot=list(self.frames),
         )
-        audio = bytes(self.audio)
-        self.audio.clear()
+        audio = self._take_audio()
         self.turn = turn
         if self.state is SessionState.READY:
             self.state = SessionState.ANSWERING
-        turn.task = asyncio.ensure_future(self._run_turn(turn, self.config, audio))
+        turn.task = spawn(self._run_turn(turn, self.config, audio), "video turn")
 
     async def on_video_done(self, msg: dict[str, Any]) -> None:
         turn = self.turn
@@ -323,7 +362,7 @@ class VideoStreamConsumer(SessionConsumer):
             if frame not in self.frames and (turn is None or frame not in turn.snapshot):
                 frame.settled.set()  # left the buffer unseen: no turn will ever wait for it
                 continue
-            frame.ok = await asyncio.to_thread(frames.verify_decodes, frame.data)
+            frame.ok = await run_decode(frames.verify_decodes, frame.data)
             frame.settled.set()
             if not frame.ok:
                 logger.info("a buffered frame (%d bytes) did not decode", len(frame.data))
@@ -417,12 +456,7 @@ class VideoStreamConsumer(SessionConsumer):
                     turn.audio_deltas += 1
                     await self._send_turn(turn, protocol.audio_delta(chunk["pcm"], config.event_names))
                     turn.clock.audio_sent()
-                if self.client_stalled():
-                    logger.warning("closing a video session whose client stopped reading")
-                    await self.fail(
-                        f"Client is not reading: over {settings.SESSION_SEND_BUFFER_MAX} bytes queued; session closed",
-                        ErrorKind.STALLED,
-                    )
+                if self.send_stalled or self.client_gone:  # failed by a send, or gone (sessions.py)
                     return
 
     @staticmethod

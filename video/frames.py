@@ -121,6 +121,41 @@ def _jpeg_header(data: bytes) -> ImageHeader:
     raise FrameError("Invalid image data")
 
 
+# A baseline JPEG has one scan per component, a progressive one about ten (libjpeg's default
+# progression: 10 for colour). Each scan re-walks the whole image, so a small file whose scans repeat
+# costs seconds of CPU per decode within any pixel budget: more scans than this are refused.
+MAX_JPEG_SCANS = 32
+
+
+def count_jpeg_scans(data: bytes, limit: int = MAX_JPEG_SCANS) -> int:
+    """Start-of-scan markers in a JPEG, counting stops once past ``limit`` (cost: one pass of find).
+
+    Inside scan data a 0xFF byte is followed by 0x00 (stuffing) or a restart marker, so every other
+    marker found is a real segment, whose length (SOS's header included) is skipped.
+    """
+    scans = 0
+    pos = data.find(b"\xff", 2)
+    while 0 <= pos < len(data) - 1:
+        marker = data[pos + 1]
+        if marker == _JPEG_EOI:
+            break
+        if marker in (0x00, 0xFF) or marker in _JPEG_STANDALONE or pos + 4 > len(data):
+            pos = data.find(b"\xff", pos + 1)
+            continue
+        if marker == _JPEG_SOS:
+            scans += 1
+            if scans > limit:
+                break
+        pos = data.find(b"\xff", pos + 2 + struct.unpack(">H", data[pos + 2 : pos + 4])[0])
+    return scans
+
+
+def check_decode_cost(data: bytes, header: ImageHeader, max_scans: int = MAX_JPEG_SCANS) -> None:
+    """Refuse a frame whose decode would cost far more than its pixels say (repeated scans)."""
+    if header.format == "jpeg" and (scans := count_jpeg_scans(data, max_scans)) > max_scans:
+        raise FrameError(f"Frame refused: over {max_scans} JPEG scans (got at least {scans}); decode cost too high")
+
+
 def _checked(header: ImageHeader) -> ImageHeader:
     if header.width <= 0 or header.height <= 0:
         raise FrameError("Invalid image data")
@@ -164,6 +199,7 @@ def prepare_frame(text: str, *, max_pixels: int, with_thumbnail: bool) -> Prepar
     data = decode_base64_strict(text)
     header = read_header(data)
     check_pixels(header, max_pixels)
+    check_decode_cost(data, header)
     thumb = None
     if with_thumbnail:
         try:

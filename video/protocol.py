@@ -9,13 +9,12 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 import wave
 from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from omniweb.protocol import ProtocolError, describe_validation_error
+from omniweb.protocol import ProtocolError, describe_validation_error, excerpt, loads
 from omniweb.protocol import error as error  # the endpoint's error message is the shared one
 from speech.protocol import Capabilities
 
@@ -74,12 +73,9 @@ class VideoSessionConfig(BaseModel):
 
 def parse_config(raw: str, caps: Capabilities) -> VideoSessionConfig:
     """The first message: it must be a valid ``session.config`` (any failure ends the session)."""
-    try:
-        msg = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ProtocolError("Invalid JSON in session.config") from None
+    msg = loads(raw, "Invalid JSON in session.config")
     if not isinstance(msg, dict) or msg.get("type") != "session.config":
-        got = msg.get("type") if isinstance(msg, dict) else type(msg).__name__
+        got = excerpt(msg.get("type")) if isinstance(msg, dict) else type(msg).__name__
         raise ProtocolError(f"Expected session.config, got: {got}")
     try:
         config = VideoSessionConfig.model_validate({k: v for k, v in msg.items() if k != "type"})
@@ -87,21 +83,18 @@ def parse_config(raw: str, caps: Capabilities) -> VideoSessionConfig:
         raise ProtocolError(f"Invalid session config: {describe_validation_error(exc)}") from None
     if config.voice is not None and config.voice not in caps.voices:
         available = ", ".join(caps.voices)
-        raise ProtocolError(f"Invalid session config: unknown voice '{config.voice}'; available: {available}")
+        raise ProtocolError(f"Invalid session config: unknown voice '{excerpt(config.voice)}'; available: {available}")
     return config
 
 
 def parse_message(raw: str) -> dict[str, Any]:
     """Any later message: a JSON object whose type is not reserved for the server's own events."""
-    try:
-        msg = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ProtocolError("Invalid JSON") from None
+    msg = loads(raw, "Invalid JSON")
     if not isinstance(msg, dict):
         raise ProtocolError("Messages must be JSON objects")
-    msg_type = str(msg.get("type", ""))
-    if msg_type.startswith("_internal."):
-        raise ProtocolError(f"Unknown type: {msg_type}")
+    msg_type = msg.get("type", "")
+    if isinstance(msg_type, str) and msg_type.startswith("_internal."):
+        raise ProtocolError(f"Unknown type: {excerpt(msg_type)}")
     return msg
 
 
@@ -113,6 +106,18 @@ def decode_audio(data: Any) -> bytes:
         return binascii.a2b_base64(data, strict_mode=True)
     except (binascii.Error, ValueError):
         raise ProtocolError("Invalid audio data") from None
+
+
+MAX_TIMESTAMP_MS = 2**53  # the largest integer a JavaScript number holds exactly (~285,000 years)
+TIMESTAMP_FIELDS = ("pts_ms", "source_pts_ms", "capture_ts_ms")
+
+
+def check_frame_timestamps(msg: dict[str, Any]) -> None:
+    """Refuse a frame whose timestamps are numbers no clock gives (they are echoed in acks)."""
+    for name in TIMESTAMP_FIELDS:
+        value = msg.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool) and not abs(value) <= MAX_TIMESTAMP_MS:
+            raise ProtocolError(f"Invalid {name}: must be a finite number of milliseconds within ±2^53")
 
 
 def frame_metadata(msg: dict[str, Any], received_ms: float) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from omniweb.errors import CAPACITY_MESSAGE, ErrorKind, engine_end
 
+from .dispatch import MAX_REQUEST_BYTES, REQUEST_TOO_LARGE, request_bytes
 from .scheduler import AdmissionError, Scheduler
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,9 @@ class LocalEngineClient:
         def sink(chunk: dict[str, Any]) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, chunk)
 
+        if request_bytes(request) > MAX_REQUEST_BYTES:  # the Redis mode's limit, enforced here too
+            yield engine_end(ErrorKind.CLIENT, REQUEST_TOO_LARGE)
+            return
         try:
             self._scheduler.submit(rid, request, sink)
         except AdmissionError as exc:

@@ -35,12 +35,24 @@ WORKER_BEAT_SECONDS = 0.5  # how often a worker publishes its load (metrics, hea
 BLOB_MIN_BYTES = 128 * 1024  # byte strings this large travel as Redis keys, not inside the message
 BLOB_KEY_PREFIX = "omniweb:blob:"
 BLOB_REF = "$omniweb.blob"  # {BLOB_REF: key} stands for the bytes stored under key
-MAX_REQUEST_BYTES = 64 * 1024 * 1024  # a request's bytes in all, message and keys together
+MAX_REQUEST_BYTES = 64 * 1024 * 1024  # a request's bytes in all (frames, audio): the same in both modes
+REQUEST_TOO_LARGE = "request too large for the engine: over 64 MiB of frames and audio in one request"
 BLOB_GRACE_SECONDS = 30.0  # keys outlive the accept timeout by this much, then Redis drops them
 
 
 def message_size(message: dict[str, Any]) -> int:
     return len(msgpack.packb(message, use_bin_type=True))
+
+
+def request_bytes(value: Any) -> int:
+    """The byte strings a request carries (frames, audio), in all: what ``MAX_REQUEST_BYTES`` bounds."""
+    if isinstance(value, bytes | bytearray):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(request_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(request_bytes(v) for v in value)
+    return 0
 
 
 def split_for_layer(chunk: dict[str, Any], limit: int = AUDIO_SPLIT_BYTES) -> list[dict[str, Any]]:
@@ -92,6 +104,11 @@ def restore_blobs(request: Any, blobs: dict[str, bytes]) -> Any:
     return request
 
 
+# What a client hears while Redis (the engine's message broker) is down: nothing it did wrong.
+ENGINE_UNREACHABLE = "engine unreachable (its message broker is down); retry shortly"
+ENGINE_CONNECTION_LOST = "engine connection lost (its message broker went down); retry shortly"
+
+
 class ChannelEngineClient:
     """``EngineClient`` over a channel layer (channels_redis): same messages as the local one."""
 
@@ -108,12 +125,12 @@ class ChannelEngineClient:
 
     async def stream(self, request: dict[str, Any], request_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
         rid = request_id or uuid.uuid4().hex
+        if request_bytes(request) > MAX_REQUEST_BYTES:  # as LocalEngineClient: one limit, both modes
+            yield engine_end(ErrorKind.CLIENT, REQUEST_TOO_LARGE)
+            return
         blobs: dict[str, bytes] = {}
         if self._redis_url:
             request, blobs = offload_blobs(request, f"{BLOB_KEY_PREFIX}{rid}:")
-        if sum(map(len, blobs.values())) > MAX_REQUEST_BYTES:
-            yield engine_end(ErrorKind.CLIENT, "request too large for the engine channel")
-            return
         reply = await self._layer.new_channel()  # same Redis list as the consumer's own channel: one reader serves both
         submit = {
             "type": "engine.submit",
@@ -140,7 +157,7 @@ class ChannelEngineClient:
             except Exception:
                 logger.exception("cannot reach the channel layer to submit %s", rid)
                 ended = True
-                yield engine_end(ErrorKind.UNREACHABLE, "engine unreachable")
+                yield engine_end(ErrorKind.UNREACHABLE, ENGINE_UNREACHABLE)  # nothing started: retryable
                 return
             timeout = self._accept_timeout
             while True:
@@ -149,7 +166,8 @@ class ChannelEngineClient:
                 except TimeoutError:
                     lost = self._owners.get(rid) is not None
                     logger.warning("request %s: %s", rid, "worker lost" if lost else "no worker accepted it")
-                    ended = True
+                    # ``ended`` stays False: the finally block still sends the abort, so a worker that
+                    # was only paused stops this request when it resumes instead of generating on.
                     yield (
                         engine_end(ErrorKind.WORKER_LOST, "engine worker lost")
                         if lost
@@ -158,8 +176,7 @@ class ChannelEngineClient:
                     return
                 except Exception:
                     logger.exception("channel layer failed while streaming %s", rid)
-                    ended = True
-                    yield engine_end(ErrorKind.UNREACHABLE, "engine connection lost")
+                    yield engine_end(ErrorKind.UNREACHABLE, ENGINE_CONNECTION_LOST)  # the abort below is best effort
                     return
                 if msg.get("request_id") != rid:
                     continue

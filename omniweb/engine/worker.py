@@ -27,6 +27,7 @@ from django.conf import settings
 
 from omniweb.errors import ErrorKind, engine_end
 from omniweb.metrics import WORKER_KEY_PREFIX, serve_worker_metrics, worker_record
+from omniweb.sessions import spawn
 
 from .client import admission_end
 from .dispatch import (
@@ -119,7 +120,7 @@ class EngineWorkerConsumer(AsyncConsumer):
             queue.put_nowait(admission_end(exc))
         except ValueError as exc:
             queue.put_nowait(engine_end(ErrorKind.CLIENT, str(exc)))
-        task = asyncio.ensure_future(self._forward(rid, reply, queue))
+        task = spawn(self._forward(rid, reply, queue), f"engine request {rid} forwarder")
         _forwarders.add(task)  # keep a reference until it is done
         task.add_done_callback(_forwarders.discard)
 
@@ -136,18 +137,28 @@ class EngineWorkerConsumer(AsyncConsumer):
                 {"type": "engine.accepted", "request_id": rid, "owner": self.channel_name, "worker": worker_id()},
                 patience,
             )
+            last_sent = time.monotonic()
             while True:
                 try:
-                    chunk = await asyncio.wait_for(queue.get(), HEARTBEAT_SECONDS)
+                    chunk: dict[str, Any] | None = await asyncio.wait_for(queue.get(), HEARTBEAT_SECONDS)
                 except TimeoutError:
+                    chunk = None
+                if time.monotonic() - last_sent > settings.ENGINE_LEASE_SECONDS:
+                    # This worker was silent past the lease (paused, starved): the web process has
+                    # already ended the stream, so nobody wants the rest of this request.
+                    logger.warning("request %s: silent past the lease; its client has given up, aborting", rid)
+                    break
+                if chunk is None:
                     await send_with_retry(
                         self.channel_layer, reply, {"type": "engine.heartbeat", "request_id": rid}, patience
                     )
+                    last_sent = time.monotonic()
                     continue
                 for part in split_for_layer(chunk):
                     await send_with_retry(
                         self.channel_layer, reply, {"type": "engine.chunk", "request_id": rid, "chunk": part}, patience
                     )
+                last_sent = time.monotonic()
                 if chunk["type"] == "end":
                     return
         except ChannelFull:

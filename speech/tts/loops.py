@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -33,7 +33,7 @@ from omniweb.engine.contracts import (
     Waiting,
     WorkPlan,
 )
-from speech.text import split_text
+from speech.text import bound_units, split_text
 
 from .model import HibariTalker, SentenceFrames
 from .vocoder import SAMPLE_RATE, SpectralBackend, VocoderStream, run_chunks_batched
@@ -88,7 +88,8 @@ class TalkerState:
     frames_left: int | None  # max_frames_scope "request": what the request's cap leaves
     timestamps: bool
     slots: dict[str, Any]
-    next_index: int = 0
+    next_index: int = 0  # the next unit of ``sentences`` to cut into steps
+    steps: deque[str] = field(default_factory=deque)  # the current unit's pieces not yet synthesized
     spoken: int = 0
     synthesized_seconds: float = 0.0
 
@@ -96,9 +97,20 @@ class TalkerState:
 class TalkerLoop:
     name = "talker"
 
-    def __init__(self, talker: HibariTalker, lookahead: int, *, incremental: bool = False, vocode: bool = True) -> None:
+    def __init__(
+        self,
+        talker: HibariTalker,
+        lookahead: int,
+        *,
+        incremental: bool = False,
+        vocode: bool = True,
+    ) -> None:
         self._talker = talker
         self._lookahead = max(1, lookahead)
+        # Every unit, whoever wrote it (the request's split, an upstream loop), is cut to these bounds
+        # before the talker sees it: a step's time and memory never grow with the text.
+        self._max_unit = max(1, settings.TALKER_MAX_UNIT_CHARS)
+        self._max_run = max(1, min(settings.TALKER_MAX_RUN_CHARS, self._max_unit))
         self._incremental = incremental
         self._vocode = vocode  # False: a downstream loop other than hibari's vocoder takes the frames
 
@@ -126,19 +138,30 @@ class TalkerLoop:
     def _input_done(self, state: TalkerState) -> bool:
         return not self._incremental or bool(state.slots[TEXT_IN_DONE])
 
+    def _refill(self, state: TalkerState) -> None:
+        """Cut the next unit into bounded steps once the previous unit's steps are all done."""
+        while not state.steps and state.next_index < len(state.sentences):
+            state.steps.extend(bound_units([state.sentences[state.next_index]], self._max_unit, self._max_run))
+            state.next_index += 1
+
+    def _finished(self, state: TalkerState) -> bool:
+        return not state.steps and state.next_index >= len(state.sentences) and self._input_done(state)
+
     def next(self, state: TalkerState) -> WorkPlan | Done | Waiting:
-        if state.next_index >= len(state.sentences):
+        self._refill(state)
+        if not state.steps:
             if not self._input_done(state):
                 return WAITING  # the upstream loop is still writing
             state.slots[TALKER_DONE] = True  # input ended after our last step: release the vocoder
             return DONE
         if state.frames_left == 0 and self._input_done(state):  # the request's cap is spent
+            state.steps.clear()
             state.next_index = len(state.sentences)
             state.slots[TALKER_DONE] = True
             return DONE
         if len(state.slots[SENTENCES]) >= self._lookahead:
             return WAITING
-        text = state.sentences[state.next_index]
+        text = state.steps[0]
         index = state.spoken
         cap = state.max_frames if state.frames_left is None else state.frames_left
 
@@ -160,20 +183,21 @@ class TalkerLoop:
             kind="talker",
             shape=ShapeSignature("talker"),
             run=run,
-            label=f"talker.sentence{state.next_index}",
+            label=f"talker.sentence{state.spoken}",
             due=max(0.0, state.synthesized_seconds - TALKER_LEAD_SECONDS),
         )
 
     def advance(self, state: TalkerState, result: StepResult) -> None:
         sentence: SentenceFrames = result.output
-        state.next_index += 1
+        state.steps.popleft()
+        self._refill(state)
         if sentence.acoustic:  # text with nothing to say is not a sentence on the wire
             state.slots[SENTENCES].append(sentence)
             state.spoken += 1
             state.synthesized_seconds += FRAME_SECONDS * sentence.n_frames
         if state.frames_left is not None:
             state.frames_left = max(0, state.frames_left - sentence.n_frames)
-        if state.next_index >= len(state.sentences) and self._input_done(state):
+        if self._finished(state):
             state.slots[TALKER_DONE] = True
 
     def finalize(self, state: TalkerState) -> dict[str, Any]:

@@ -1,0 +1,402 @@
+#!/usr/bin/env python
+"""Hostile clients against one server, with a canary session whose first audio must stay normal.
+
+Starts its own server (``manage.py runserver`` on a free loopback port, the README's command) and
+runs each attack class of issue #11 in turn, bounded (a few messages each), printing per class what
+the client saw and what it cost the server: RSS growth, CPU the server kept burning after the
+attacker left, log lines written, and the canary's time to first audio while the attack runs.
+
+    python bench/soak.py                # every class
+    python bench/soak.py long_text nan  # some classes
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import websockets
+from speech_latency import free_port  # this directory is on sys.path when run as a script
+
+REPO = Path(__file__).resolve().parent.parent
+SPEECH = "/v1/audio/speech/stream"
+VIDEO = "/v1/video/chat/stream"
+TICK = os.sysconf("SC_CLK_TCK")
+# 4,000 characters without a clause mark: one talker step before the bound (+1.3 GB on 2 cores)
+LONG_WORDS = " ".join(["blue"] * 800)
+# A tiny valid JPEG (8x8 grey, baseline)
+JPEG_B64 = (
+    "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAAgGBgcGBQgHBwcJCQgKDBQNDAsLDBkSEw8UHRofHh0aHBwgJC4nICIsIxwcKDcpLDAxNDQ0Hyc5"
+    "PTgyPC4zNDL/wAALCAAIAAgBAREA/8QAFAABAAAAAAAAAAAAAAAAAAAACf/EABQQAQAAAAAAAAAAAAAAAAAAAAD/2gAIAQEAAD8AKp//2Q=="
+)
+
+
+def proc_stats(pid: int) -> tuple[int, float]:
+    """(RSS in kB, CPU seconds) of the server process."""
+    with open(f"/proc/{pid}/status") as f:
+        rss = int(f.read().split("VmRSS:")[1].split()[0])
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return rss, (int(fields[11]) + int(fields[12])) / TICK
+
+
+async def canary(url: str) -> float:
+    """Seconds from input.done to the first audio byte of a short sentence."""
+    async with websockets.connect(url + SPEECH, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "stream_audio": True}))
+        await ws.send(json.dumps({"type": "input.text", "text": "The canary is still singing."}))
+        t0 = time.monotonic()
+        await ws.send(json.dumps({"type": "input.done"}))
+        first = None
+        async for msg in ws:
+            if isinstance(msg, bytes) and first is None:
+                first = time.monotonic() - t0
+            elif isinstance(msg, str) and json.loads(msg)["type"] == "session.done":
+                break
+        return first if first is not None else float("nan")
+
+
+async def recv_all(ws: Any, seconds: float) -> list[Any]:
+    """Everything the server sends within ``seconds`` (or until it closes)."""
+    out: list[Any] = []
+    with contextlib.suppress(TimeoutError, websockets.ConnectionClosed):
+        async with asyncio.timeout(seconds):
+            async for msg in ws:
+                out.append(msg)
+    return out
+
+
+def _standard_json(text: str) -> bool:
+    def refuse(name: str) -> None:
+        raise ValueError(name)
+
+    try:
+        json.loads(text, parse_constant=refuse)
+    except ValueError:
+        return False
+    return True
+
+
+def summary(msgs: list[Any], ws: Any) -> str:
+    texts = [m for m in msgs if isinstance(m, str)]
+    errors = [json.loads(t).get("message", "")[:80] for t in texts if '"error"' in t[:40]]
+    invalid = sum(1 for t in texts if not _standard_json(t))
+    close = ws.close_code if ws.close_code is not None else "open"
+    longest = max(map(len, texts), default=0)
+    return f"errors={errors[:2]} non-standard-json={invalid} longest-text={longest} close={close}"
+
+
+# -- attack classes -------------------------------------------------------------------------------
+
+
+async def long_text(url: str, pid: int) -> str:
+    """4,000 unpunctuated characters; leave after the first audio byte; what does the server keep doing?"""
+    rss0, _ = proc_stats(pid)
+    peak = rss0
+    t0 = time.monotonic()
+    async with websockets.connect(url + SPEECH, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "stream_audio": True}))
+        await ws.send(json.dumps({"type": "input.text", "text": LONG_WORDS}))
+        await ws.send(json.dumps({"type": "input.done"}))
+        first = None
+        while first is None:
+            msg = await asyncio.wait_for(ws.recv(), 300)
+            peak = max(peak, proc_stats(pid)[0])
+            if isinstance(msg, bytes):
+                first = time.monotonic() - t0
+    _, cpu_left = proc_stats(pid)
+    for _ in range(20):  # 10 s after the client left
+        await asyncio.sleep(0.5)
+        peak = max(peak, proc_stats(pid)[0])
+    _, cpu1 = proc_stats(pid)
+    return (
+        f"first audio {first:.2f} s; RSS peak +{(peak - rss0) / 1024:.0f} MB; "
+        f"CPU after the client left (10 s window) {cpu1 - cpu_left:.1f} s"
+    )
+
+
+async def huge_int(url: str, pid: int) -> str:
+    """A JSON integer over Python's 4300-digit limit, first idle, then while an utterance plays."""
+    big = "9" * 5000
+    async with websockets.connect(url + SPEECH, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "stream_audio": True}))
+        await ws.send('{"type": "input.text", "text": "x", "n": ' + big + "}")
+        idle = summary(await recv_all(ws, 2), ws)
+    async with websockets.connect(url + SPEECH, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "stream_audio": True}))
+        sent = []
+        for i, words in enumerate(["One two three.", None, "Four five six.", "Seven eight."]):
+            if words is None:
+                await ws.send('{"type": "input.text", "text": "x", "n": ' + big + "}")
+                continue
+            await ws.send(json.dumps({"type": "input.text", "text": words}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            sent.append(words)
+            del i
+        msgs = await recv_all(ws, 30)
+        spoken = [json.loads(m)["sentence_text"] for m in msgs if isinstance(m, str) and "audio.start" in m]
+        held = summary(msgs, ws)
+    return f"idle: {idle} | mid-utterance: {held}; spoken in order {spoken == sent} ({spoken})"
+
+
+async def nan(url: str, pid: int) -> str:
+    """Frames with NaN / Infinity / 1e308 timestamps, then a question."""
+    parts = []
+    for value in ("NaN", "Infinity", "1e308"):
+        async with websockets.connect(url + VIDEO, max_size=None) as ws:
+            await ws.send(json.dumps({"type": "session.config", "modalities": ["text"], "enable_frame_filter": False}))
+            await ws.send(
+                f'{{"type": "video.frame", "frame_id": "f1", "data": "{JPEG_B64}", '
+                f'"pts_ms": {value}, "capture_ts_ms": {value}}}'
+            )
+            await ws.send(json.dumps({"type": "video.query", "text": "What do you see?"}))
+            parts.append(f"{value}: {summary(await recv_all(ws, 8), ws)}")
+    return " | ".join(parts)
+
+
+async def unknown_path(url: str, pid: int, log: Any) -> str:
+    """Ten handshakes on a path no route serves: the status and the log lines they cost."""
+    log.seek(0, 2)
+    before = log.tell()
+    statuses = []
+    for _ in range(10):
+        try:
+            async with websockets.connect(url + "/no/such/path"):
+                statuses.append("open")
+        except websockets.InvalidStatus as exc:
+            statuses.append(str(exc.response.status_code))
+        except (OSError, websockets.WebSocketException) as exc:
+            statuses.append(type(exc).__name__)
+    await asyncio.sleep(0.5)
+    log.seek(before)
+    written = log.read().decode(errors="replace").count("\n")
+    return f"statuses {sorted(set(statuses))}; {written} log lines for 10 attempts"
+
+
+async def echo(url: str, pid: int) -> str:
+    """An unknown type 120 KiB long (speech) and 1 MiB long (video): how much of it comes back?"""
+    async with websockets.connect(url + SPEECH, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.config"}))
+        await ws.send(json.dumps({"type": "x" * 120_000}))
+        speech = summary(await recv_all(ws, 2), ws)
+    async with websockets.connect(url + VIDEO, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.config", "modalities": ["text"]}))
+        await ws.send(json.dumps({"type": "y" * 1_000_000}))
+        video = summary(await recv_all(ws, 2), ws)
+    return f"speech: {speech} | video: {video}"
+
+
+async def leave_mid_turn(url: str, pid: int, log: Any) -> str:
+    """Clients that leave while their utterance streams: 'never retrieved' lines in the log."""
+    log.seek(0, 2)
+    before = log.tell()
+    for _ in range(5):
+        async with websockets.connect(url + SPEECH, max_size=None) as ws:
+            await ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "stream_audio": True}))
+            await ws.send(json.dumps({"type": "input.text", "text": "Leaving early. " * 5}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            while not isinstance(await ws.recv(), bytes):
+                pass
+    await asyncio.sleep(2)
+    log.seek(before)
+    text = log.read().decode(errors="replace")
+    lines = text.splitlines()
+    errors = sorted(
+        {
+            lines[i + 1 + j][:140]
+            for i, line in enumerate(lines)
+            if line.startswith("Traceback")
+            for j in range(0, 40)
+            if i + 1 + j < len(lines) and lines[i + 1 + j][:1] not in (" ", "")
+        }
+    )
+    return f"'never retrieved' {text.count('never retrieved')}; tracebacks {text.count('Traceback')} {errors[:3]}"
+
+
+def scan_bomb(repeats: int = 2500) -> str:
+    """A 4096x4096 progressive JPEG (the pixel limit) whose smallest scan repeats: ~130 KB, base64."""
+    import base64
+    import itertools
+
+    import cv2
+    import numpy as np
+
+    img = np.full((4096, 4096, 3), 128, np.uint8)
+    data = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes()
+    eoi = data.rfind(b"\xff\xd9")
+    starts = [i for i in range(len(data) - 1) if data[i : i + 2] == b"\xff\xda"] + [eoi]
+    a, b = min(itertools.pairwise(starts), key=lambda se: se[1] - se[0])
+    return base64.b64encode(data[:eoi] + data[a:b] * repeats + data[eoi:]).decode()
+
+
+async def wav_canary(url: str) -> float:
+    """Seconds from input.done to a short sentence's WAV (encoded in a thread pool, as by default)."""
+    async with websockets.connect(url + SPEECH, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.config"}))
+        await ws.send(json.dumps({"type": "input.text", "text": "The canary is still singing."}))
+        t0 = time.monotonic()
+        await ws.send(json.dumps({"type": "input.done"}))
+        async for msg in ws:
+            if isinstance(msg, bytes):
+                return time.monotonic() - t0
+        return float("nan")
+
+
+async def jpeg_bomb(url: str, pid: int) -> str:
+    """Seven sessions send one scan-bomb frame each (more decodes than the default thread pool has
+    threads); a WAV session then asks for audio. Server CPU and the WAV's wait."""
+    bomb = scan_bomb(1200)
+    _, cpu0 = proc_stats(pid)
+    sockets = []
+    replies = []
+    for i in range(7):
+        ws = await websockets.connect(url + VIDEO, max_size=None)
+        sockets.append(ws)
+        await ws.send(json.dumps({"type": "session.config", "modalities": ["text"], "enable_frame_filter": False}))
+        await ws.send(json.dumps({"type": "video.frame", "frame_id": f"b{i}", "data": bomb}))
+        replies.append(await asyncio.wait_for(ws.recv(), 60))
+    await asyncio.sleep(1)
+    wav = await asyncio.wait_for(wav_canary(url), 300)
+    for ws in sockets:
+        await ws.close()
+    idle = 0
+    while idle < 3:  # until the server's CPU stops climbing (abandoned decodes finish or never ran)
+        _, before = proc_stats(pid)
+        await asyncio.sleep(1)
+        idle = idle + 1 if proc_stats(pid)[1] - before < 0.2 else 0
+    _, cpu1 = proc_stats(pid)
+    kinds = sorted({json.loads(r).get("type") + ":" + str(json.loads(r).get("message", ""))[:40] for r in replies})
+    return (
+        f"{len(bomb) * 3 // 4 // 1024} KB frames; replies {kinds}; WAV first audio behind them {wav:.2f} s; "
+        f"server CPU {cpu1 - cpu0:.1f} s"
+    )
+
+
+async def not_reading(url: str, pid: int, log: Any) -> str:
+    """A raw client flushes a long text and never reads: when does the server end the session?"""
+    import base64
+    import socket
+
+    log.seek(0, 2)
+    before = log.tell()
+    port = int(url.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        f"GET {SPEECH} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    sock.recv(1024)
+    text = " ".join(f"Sentence {i} of a long flush that is never read." for i in range(150))
+    for payload in (
+        {"type": "session.config", "response_format": "pcm", "stream_audio": True},
+        {"type": "input.text", "text": text},
+        {"type": "input.done"},
+    ):
+        sock.sendall(ws_frame(payload))
+    t0 = time.monotonic()
+    how = "still streaming after 70 s"
+    while time.monotonic() - t0 < 70:
+        await asyncio.sleep(0.5)
+        log.seek(before)
+        seen = log.read().decode(errors="replace")
+        if "stopped reading" in seen:
+            how = f"ended by the server (not reading) after {time.monotonic() - t0:.1f} s"
+            break
+        if "speech session closed (code 1006)" in seen:
+            how = f"closed without an error (daphne keepalive?) after {time.monotonic() - t0:.1f} s"
+            break
+    sock.close()
+    return how
+
+
+def ws_frame(payload: dict[str, Any]) -> bytes:
+    """One masked client text frame (the not-reading client is a raw socket)."""
+    data, mask = json.dumps(payload).encode(), os.urandom(4)
+    n = len(data)
+    header = bytes([0x81]) + (bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big"))
+    return header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+
+
+ATTACKS: dict[str, Callable[..., Awaitable[str]]] = {
+    "long_text": long_text,
+    "huge_int": huge_int,
+    "nan": nan,
+    "unknown_path": unknown_path,
+    "echo": echo,
+    "leave_mid_turn": leave_mid_turn,
+    "jpeg_bomb": jpeg_bomb,
+    "not_reading": not_reading,
+}
+NEEDS_LOG = {"unknown_path", "leave_mid_turn", "not_reading"}
+
+
+async def run(names: list[str], url: str, pid: int, log: Any) -> None:
+    base = [await canary(url) for _ in range(3)]
+    print(f"canary first audio, idle server: {', '.join(f'{b:.3f}' for b in base)} s", flush=True)
+    for name in names:
+        attack = ATTACKS[name]
+        args = (url, pid, log) if name in NEEDS_LOG else (url, pid)
+        task = asyncio.ensure_future(attack(*args))
+        await asyncio.sleep(0.3)
+        try:
+            during = f"{await asyncio.wait_for(canary(url), 120):.3f} s"
+        except Exception as exc:  # a canary the server could not serve is a finding, not a crash
+            during = f"failed ({type(exc).__name__}: {str(exc)[:80]})"
+        try:
+            result = await task
+        except Exception as exc:
+            result = f"attack raised {type(exc).__name__}: {str(exc)[:120]}"
+        print(f"{name}: {result}; canary first audio during it {during}", flush=True)
+
+
+def main() -> None:
+    names = sys.argv[1:] or list(ATTACKS)
+    port = free_port()
+    url = f"ws://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("OMNIWEB_ENGINE_MAX_AHEAD_SECONDS", None)  # the README's server: default pacing
+    with tempfile.TemporaryFile() as log:
+        server = subprocess.Popen(
+            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+                        if json.loads(resp.read())["engine"]["local_started"]:
+                            break
+                except (OSError, ValueError, KeyError, urllib.error.URLError):
+                    pass
+                if server.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    sys.exit(f"server did not start:\n{log.read().decode(errors='replace')}")
+                time.sleep(0.3)
+            asyncio.run(run(names, url, server.pid, log))
+        finally:
+            server.terminate()
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
+
+if __name__ == "__main__":
+    main()
