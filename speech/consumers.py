@@ -226,17 +226,7 @@ class SpeechStreamConsumer(SessionConsumer):
         """Submit the flush; ``codec`` (the codec's spec) selects codec_tokens output."""
         self.state = SessionState.GENERATING
         self.utterance = _Utterance(index=self.utterance_index, request_id=uuid.uuid4().hex, codec=codec)
-        request: dict[str, Any] = {
-            "pipeline": PIPELINE,
-            "text": text,
-            "voice": config.voice,
-            "speed": config.speed,
-            "seed": config.seed,
-            "split": config.split_granularity,
-            "timestamps": config.word_timestamps,
-            "first_chunk_frames": config.initial_codec_chunk_frames,
-            "max_frames": config.max_new_tokens,
-        }
+        request = protocol.tts_request(text, config, PIPELINE)
         if codec is not None:
             # As the reference's codec request: no timestamps, no vocoder chunking (nothing is vocoded).
             request.update(pipeline=CODEC_PIPELINE, codec_output="codes", timestamps=False, first_chunk_frames=None)

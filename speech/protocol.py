@@ -159,6 +159,21 @@ def check_capabilities(config: SessionConfig, caps: Capabilities) -> None:
         )
 
 
+def tts_request(text: str, config: SessionConfig, pipeline: str) -> dict[str, Any]:
+    """The engine request that speaks ``text`` as ``config`` says (every wire format builds it here)."""
+    return {
+        "pipeline": pipeline,
+        "text": text,
+        "voice": config.voice,
+        "speed": config.speed,
+        "seed": config.seed,
+        "split": config.split_granularity,
+        "timestamps": config.word_timestamps,
+        "first_chunk_frames": config.initial_codec_chunk_frames,
+        "max_frames": config.max_new_tokens,
+    }
+
+
 CODEC_UNSUPPORTED = "output_mode='codec_tokens' is not supported by the loaded TTS model."
 
 

@@ -8,10 +8,12 @@ for its whole length and the turn can be dropped between segments.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from django.conf import settings
@@ -100,9 +102,50 @@ class Transcriber:
                 return
             yield segment.text  # type: ignore[attr-defined]
 
+    def segments(
+        self,
+        audio: np.ndarray,
+        *,
+        prompt: str | None = None,
+        temperature: float = 0.0,
+        word_timestamps: bool = False,
+    ) -> tuple[Iterator[Any], Any]:
+        """Timed segments of a float32 16 kHz recording (the transcription API), decoded lazily.
+
+        Returns faster-whisper's segment iterator (each ``next`` decodes one window under this
+        model's lock) and its ``TranscriptionInfo``. ``temperature`` 0 falls back to higher
+        temperatures when a decode fails Whisper's quality checks (OpenAI's documented behaviour).
+        """
+        temperatures = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0) if temperature == 0 else (temperature,)
+        with self._lock:
+            segments, info = self._model.transcribe(
+                audio,
+                language="en",
+                beam_size=settings.VIDEO_ASR_BEAM_SIZE,
+                temperature=temperatures,
+                initial_prompt=prompt or None,
+                word_timestamps=word_timestamps,
+                vad_filter=True,
+            )
+        return self._locked(segments), info
+
+    def _locked(self, segments: Iterator[Any]) -> Iterator[Any]:
+        while True:
+            with self._lock:
+                segment = next(segments, None)
+            if segment is None:
+                return
+            yield segment
+
     def transcribe(self, pcm: bytes) -> str:
         """The whole recording at once (tests, warm-up)."""
         run = self.start(pcm)
         while not run.done:
             run.step()
         return run.text
+
+
+@functools.cache
+def shared_transcriber() -> Transcriber:
+    """The process's one Whisper model: the video turns and the transcription API share it."""
+    return Transcriber()
