@@ -43,6 +43,9 @@ SPEED_MIN, SPEED_MAX = 0.25, 4.0
 TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 TRANSCRIBE_LANGUAGES = ("en",)  # Whisper tiny.en is English-only
 SPEECH_FIELDS = frozenset({"model", "input", "voice", "response_format", "speed", "instructions", "stream_format"})
+TRANSCRIPTION_FIELDS = frozenset(
+    {"model", "language", "prompt", "response_format", "temperature", "timestamp_granularities[]", "stream"}
+)
 FRAME_SECONDS = 0.0125  # the voice's acoustic frame: the "output tokens" of a speech request
 
 
@@ -259,6 +262,9 @@ def _one(fields: Mapping[str, Sequence[str]], name: str) -> str | None:
 
 def parse_transcription(fields: Mapping[str, Sequence[str]]) -> TranscriptionParams:
     """Validate the multipart form fields (the file is checked by the decoder)."""
+    unknown = sorted(set(fields) - TRANSCRIPTION_FIELDS)
+    if unknown:
+        raise invalid(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0], "unknown_parameter")
     model = _one(fields, "model")
     if not model:
         raise invalid("'model' is required", "model", "missing_required_parameter")
@@ -285,7 +291,7 @@ def parse_transcription(fields: Mapping[str, Sequence[str]]) -> TranscriptionPar
         raise invalid(
             f"'temperature' is {temperature}; it must be between 0 and 1", "temperature", "decimal_out_of_range"
         )
-    granularities = [*(fields.get("timestamp_granularities[]") or []), *(fields.get("timestamp_granularities") or [])]
+    granularities = list(fields.get("timestamp_granularities[]") or [])
     for g in granularities:
         if g not in ("word", "segment"):
             raise invalid(

@@ -33,6 +33,7 @@ from speech.tts.loops import PIPELINE as TTS_PIPELINE
 from speech.tts.model import capabilities
 
 from . import protocol
+from .asgi import SCOPE_KEY as ABORT_KEY
 from .protocol import APIError
 from .transcribe import PIPELINE as TRANSCRIBE_PIPELINE
 from .uploads import decode_upload
@@ -131,7 +132,7 @@ async def speech(request: HttpRequest) -> HttpResponse:
         return error_response(_end_error(first))
     encoder = StreamEncoder(params.response_format)
     sse = params.stream_format == "sse"
-    body = _speech_body(stream, first, encoder, params, sse, clock)
+    body = _speech_body(stream, first, encoder, params, sse, clock, getattr(request, "scope", {}))
     response = StreamingHttpResponse(body, content_type="text/event-stream" if sse else encoder.content_type)
     response["Cache-Control"] = "no-store"
     response["X-Accel-Buffering"] = "no"  # nginx: pass the stream on as it comes
@@ -148,6 +149,7 @@ async def _speech_body(
     params: protocol.SpeechParams,
     sse: bool,
     clock: metrics.FirstAudioClock,
+    scope: dict[str, Any],
 ) -> AsyncIterator[bytes]:
     """The body: container bytes as the engine's PCM arrives (or SSE deltas of them)."""
     loop = asyncio.get_running_loop()
@@ -189,7 +191,12 @@ async def _speech_body(
                             return
                         # The status line has gone: break the body off (no terminating chunk) so
                         # the client sees a truncated response, never a short file that looks whole.
-                        raise RuntimeError(f"speech synthesis failed mid-stream: {chunk.get('message')}")
+                        abort = scope.get(ABORT_KEY)
+                        if abort is None:
+                            raise RuntimeError(f"speech synthesis failed mid-stream: {chunk.get('message')}")
+                        logger.warning("speech failed mid-stream (%s): connection aborted", chunk.get("message"))
+                        abort()
+                        return
                     tail = await loop.run_in_executor(None, encoder.finish) if offload else encoder.finish()
                     if tail:
                         yield wrap(tail)
