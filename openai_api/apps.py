@@ -6,6 +6,7 @@ class OpenAIApiConfig(AppConfig):
     verbose_name = "OpenAI-compatible audio APIs"
 
     def ready(self) -> None:
+        import speech.containers  # noqa: F401  (loads FFmpeg now, not on the first request: ~0.15 s)
         from omniweb.engine.runtime import register_pipeline
 
         from .transcribe import PIPELINE, TranscribePipeline

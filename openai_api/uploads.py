@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 
+import av
 import numpy as np
 
 from .protocol import APIError, invalid
@@ -18,8 +19,6 @@ SAMPLE_RATE = 16_000
 
 def decode_upload(data: bytes, max_seconds: float) -> bytes:
     """PCM16 LE, 16 kHz mono; ``APIError`` (400) when it is not audio or is too long."""
-    import av
-
     if not data:
         raise invalid("The uploaded file is empty", "file", "empty_file")
     max_samples = int(max_seconds * SAMPLE_RATE)

@@ -21,6 +21,7 @@ import io
 import struct
 from dataclasses import dataclass
 
+import av
 import numpy as np
 
 SAMPLE_RATE = 24000
@@ -103,8 +104,6 @@ class StreamEncoder:
         self._header = open_wav_header() if response_format == "wav" else b""
         self._container = None
         if response_format in _CODECS:
-            import av
-
             spec = _CODECS[response_format]
             self._sink = _Sink()
             self._container = av.open(self._sink, "w", format=spec.container, options=spec.options)
@@ -150,8 +149,6 @@ class StreamEncoder:
             self._container = None
 
     def _encode(self, samples: np.ndarray) -> None:
-        import av
-
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = SAMPLE_RATE
         for out in self._resampler.resample(frame):

@@ -306,6 +306,19 @@ def start_daphne(stack: Stack, env: dict[str, str], name: str = "daphne") -> int
     return port
 
 
+def wait_engine_loaded(n: Nginx, timeout: float = 90.0) -> None:
+    """daphne drops a WebSocket handshake that waits over 5 s, and a session's handshake waits for
+    the models: on a loaded machine they take longer than that to load, so wait for /healthz."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            status, _, body = https_get(n, "/healthz")
+            if status == 200 and json.loads(body)["engine"]["local_started"]:
+                return
+        assert time.monotonic() < deadline, "the embedded engine did not load"
+        time.sleep(0.2)
+
+
 def https_get(n: Nginx, path: str) -> tuple[int, dict[str, str], bytes]:
     conn = http.client.HTTPSConnection("127.0.0.1", n.https_port, context=n.client_ssl(), timeout=20)
     try:
@@ -451,6 +464,7 @@ def test_embedded_daphne_behind_nginx(stack, tmp_path):
     n = render_nginx(tmp_path, [daphne_port])
     (n.static_root / "probe.css").write_text("body { color: black; }\n")
     start_nginx(stack, n)
+    wait_engine_loaded(n)
 
     session = speak_once(n, ["Hello there. ", "How are you today?"])
     starts = session.json("audio.start")
@@ -481,6 +495,33 @@ def test_embedded_daphne_behind_nginx(stack, tmp_path):
     status, _, body = https_get(n, "/healthz")
     assert status == 200, body
     assert json.loads(body)["ok"] is True
+
+    _openai_sdk_speech_through_nginx(n)
+
+
+def _openai_sdk_speech_through_nginx(n: Nginx) -> None:
+    """The official SDK's streamed speech through nginx: the first bytes reach the client while the
+    engine is still synthesizing (nginx does not buffer the stream), and the whole file decodes."""
+    import openai
+
+    # 12 sentences (~30 s of speech): within the 30 s the engine runs ahead of playback, so unpaced.
+    text = " ".join(f"Sentence number {i} streams through the proxy." for i in range(12))
+    http_client = openai.DefaultHttpx2Client(verify=n.client_ssl())
+    with (
+        openai.OpenAI(
+            api_key="unused", base_url=f"https://127.0.0.1:{n.https_port}/v1", max_retries=0, http_client=http_client
+        ) as client,
+        client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="alloy", input=text, response_format="wav"
+        ) as response,
+    ):
+        chunks = response.iter_bytes()
+        first = next(chunks)
+        _, _, health = https_get(n, "/healthz")
+        busy = json.loads(health)["engine"]["active"]
+        rest = b"".join(chunks)
+    assert first[:4] == b"RIFF" and busy == 1, (first[:16], busy)  # streamed, not buffered by the proxy
+    assert (len(first) + len(rest) - 44) / 2 / 24000 > 20  # every sentence arrived
 
 
 # -- scale-out over Redis ------------------------------------------------------------------------
