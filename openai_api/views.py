@@ -154,8 +154,9 @@ async def _speech_body(
     """The body: container bytes as the engine's PCM arrives (or SSE deltas of them)."""
     loop = asyncio.get_running_loop()
     pending: asyncio.Future[bytes] | None = None  # an encoder call running in a thread
-    offload = params.response_format not in ("pcm", "wav")  # FFmpeg encoders: off the event loop
+    offload = params.response_format not in ("pcm", "wav")  # FFmpeg encoders: in a thread, off the event loop
     samples = 0
+    sent = False  # audio bytes have left
     gauge = metrics.SESSIONS_OPEN.labels(endpoint=SPEECH_ENDPOINT)
     gauge.inc()
 
@@ -173,13 +174,14 @@ async def _speech_body(
                 if kind == "audio":
                     pcm: bytes = chunk["pcm"]
                     samples += len(pcm) // 2
-                    if offload:
+                    if offload and sent:  # until the first bytes leave, encode here: no thread hop
                         pending = loop.run_in_executor(None, encoder.feed, pcm)
                         out = await asyncio.shield(pending)
                         pending = None
                     else:
                         out = encoder.feed(pcm)
                     if out:
+                        sent = True
                         clock.audio_sent(stream=True)  # ops
                         yield wrap(out)
                 elif kind == "end":
