@@ -220,7 +220,7 @@ def run(base: str, reps: int, api_key: str) -> int:
         for fmt, extra in [("json", {}), ("verbose_json", {"timestamp_granularities": ["word"]})]:
             walls = []
             result = None
-            for _ in range(max(1, reps // 2)):
+            for _ in range(max(1, reps // 3)):
                 start = perf()
                 result = client.audio.transcriptions.create(
                     model="whisper-1", file=("speech.wav", io.BytesIO(wav)), response_format=fmt, **extra

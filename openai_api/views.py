@@ -18,19 +18,22 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from hibari import dsp
 
 from omniweb import auth, metrics
 from omniweb.engine.runtime import get_engine_client
-from speech.containers import StreamEncoder
+from speech.containers import FIRST_BYTES_SAMPLES, StreamEncoder
 from speech.protocol import SAMPLE_RATE, SessionConfig, tts_request
 from speech.tts.loops import PIPELINE as TTS_PIPELINE
 from speech.tts.model import capabilities
+from speech.tts.vocoder import HOP
 
 from . import protocol
 from .asgi import SCOPE_KEY as ABORT_KEY
@@ -43,7 +46,7 @@ logger = logging.getLogger(__name__)
 SPEECH_ENDPOINT = "/v1/audio/speech"
 TRANSCRIBE_ENDPOINT = "/v1/audio/transcriptions"
 _STARTED = int(time.time())  # "created" of every model in /v1/models
-_ERROR_KINDS = {401: "auth", 503: "busy", 429: "busy", 500: "generation"}
+_ERROR_KINDS = {401: "auth", 429: "limit", 503: "busy", 500: "generation"}
 
 
 # -- shared pieces -----------------------------------------------------------------------------------
@@ -89,6 +92,17 @@ async def _first_chunk(stream: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
         raise
 
 
+def first_chunk_frames(response_format: str) -> int | None:
+    """A first vocoder step big enough for the encoder's first frame, so the first bytes leave
+    after one engine step, not two (None: the setting's size is used)."""
+    need = FIRST_BYTES_SAMPLES.get(response_format)
+    if need is None:
+        return None
+    # A sentence's first vocoder step holds back half an FFT window for the overlap-add.
+    held_back = (dsp.N_FFT // 2) // HOP
+    return max(-(-need // HOP) + held_back, settings.VOCODER_FIRST_CHUNK_FRAMES)
+
+
 @functools.cache
 def _voice_table() -> dict[str, str]:
     caps = capabilities()
@@ -124,15 +138,36 @@ async def speech(request: HttpRequest) -> HttpResponse:
         response_format="pcm",
         speed=params.speed,
         split_granularity="sentence",
+        initial_codec_chunk_frames=first_chunk_frames(params.response_format),
     )
-    engine = await asyncio.to_thread(get_engine_client)  # first use may load the models
-    stream = engine.stream(tts_request(params.input, config, TTS_PIPELINE), uuid.uuid4().hex)
-    first = await _first_chunk(stream)
+    scope = getattr(request, "scope", {})
+    release = auth.claim_session(scope)  # a stream holds one of the client's sessions, as a WebSocket does
+    if release is None:
+        limit = settings.MAX_SESSIONS_PER_CLIENT
+        return error_response(
+            APIError(
+                429,
+                f"Too many concurrent streams from this client (at most {limit})",
+                code="too_many_streams",
+                retry_after=1,
+            )
+        )
+    try:
+        engine = await asyncio.to_thread(get_engine_client)  # first use may load the models
+        stream = engine.stream(tts_request(params.input, config, TTS_PIPELINE), uuid.uuid4().hex)
+        first = await _first_chunk(stream)
+    except BaseException:
+        release()
+        raise
     if first["type"] == "end":
+        release()
         return error_response(_end_error(first))
     encoder = StreamEncoder(params.response_format)
     sse = params.stream_format == "sse"
-    body = _speech_body(stream, first, encoder, params, sse, clock, getattr(request, "scope", {}))
+    body = _speech_body(stream, first, encoder, params, sse, clock, scope, release)
+    # The slot is given back when the body ends, and also if the body is dropped unstarted (a client
+    # gone between the status line and the first chunk).
+    weakref.finalize(body, release)
     response = StreamingHttpResponse(body, content_type="text/event-stream" if sse else encoder.content_type)
     response["Cache-Control"] = "no-store"
     response["X-Accel-Buffering"] = "no"  # nginx: pass the stream on as it comes
@@ -150,6 +185,7 @@ async def _speech_body(
     sse: bool,
     clock: metrics.FirstAudioClock,
     scope: dict[str, Any],
+    release: Callable[[], None],
 ) -> AsyncIterator[bytes]:
     """The body: container bytes as the engine's PCM arrives (or SSE deltas of them)."""
     loop = asyncio.get_running_loop()
@@ -208,6 +244,7 @@ async def _speech_body(
                 chunk = await anext(stream)
     finally:
         gauge.dec()
+        release()
         if pending is not None and not pending.done():
             pending.add_done_callback(lambda _: encoder.close())  # FFmpeg is still busy in the thread
         else:
@@ -231,9 +268,8 @@ async def transcriptions(request: HttpRequest) -> HttpResponse:
                 f"Unsupported content type '{request.content_type or '(none)'}'; send multipart/form-data",
                 code="unsupported_content_type",
             )
-        try:
-            fields = {k: request.POST.getlist(k) for k in request.POST}
-            upload = request.FILES.get("file")
+        try:  # parsing writes a large upload to a temporary file: not on the event loop
+            fields, upload = await asyncio.to_thread(_form, request)
         except RequestDataTooBig:
             raise APIError(413, "The form fields are too large", code="request_too_large") from None
         params = protocol.parse_transcription(fields)
@@ -284,6 +320,10 @@ async def transcriptions(request: HttpRequest) -> HttpResponse:
     response = HttpResponse(body, content_type=content_type)
     response["Cache-Control"] = "no-store"
     return response
+
+
+def _form(request: HttpRequest) -> tuple[dict[str, list[str]], Any]:
+    return {k: request.POST.getlist(k) for k in request.POST}, request.FILES.get("file")
 
 
 async def _transcript_events(stream: AsyncIterator[dict[str, Any]], first: dict[str, Any]) -> AsyncIterator[bytes]:

@@ -46,6 +46,10 @@ _CODECS = {
     "flac": _Codec("flac", "flac", SAMPLE_RATE, {}),
 }
 
+# Samples an encoder takes in before it writes its first bytes (FFmpeg's frame size plus its
+# delay; measured, and pinned by tests/test_openai_protocol.py). pcm, wav and opus write at once.
+FIRST_BYTES_SAMPLES = {"mp3": 1800, "aac": 2100, "flac": 2400}
+
 CONTENT_TYPES = {
     "mp3": "audio/mpeg",
     "opus": "audio/ogg; codecs=opus",

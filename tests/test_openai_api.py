@@ -50,6 +50,8 @@ def base() -> Iterator[str]:
         "OMNIWEB_SPEECH_MAX_TEXT_CHARS": str(MAX_CHARS),
         "OMNIWEB_TRANSCRIBE_MAX_SECONDS": str(MAX_SECONDS),
         "OMNIWEB_TRANSCRIBE_MAX_BYTES": str(MAX_BYTES),
+        # Loopback clients are not limited unless they send a forwarding header (see the limit test).
+        "OMNIWEB_MAX_SESSIONS_PER_CLIENT": "1",
     }
     with live_server(daphne(port), port, **env) as url:
         yield url
@@ -238,6 +240,27 @@ def test_capacity_refusal_is_a_503_with_a_retry_hint(client, base):
     with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
         metrics = resp.read().decode()
     assert re.search(r'omniweb_errors_total\{kind="busy"\} [1-9]', metrics)
+
+
+def test_streams_count_against_the_per_client_session_limit(base):
+    # A forwarding header that daphne (no --proxy-headers here) does not apply: the client is then
+    # keyed by its address, 127.0.0.1, and limited to OMNIWEB_MAX_SESSIONS_PER_CLIENT (1) streams.
+    headers = {"X-Forwarded-For": "203.0.113.7"}
+    with (
+        openai.OpenAI(api_key=TOKEN, base_url=base + "/v1", max_retries=0, default_headers=headers) as proxied,
+        proxied.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="alloy", input=LONG, response_format="pcm"
+        ) as held,
+    ):
+        reader = held.iter_bytes()
+        next(reader)
+        with pytest.raises(openai.RateLimitError) as info:
+            proxied.audio.speech.create(model="tts-1", voice="alloy", input=FOX)
+        assert info.value.body["code"] == "too_many_streams"
+    # The slot is given back with the stream: the next one is served.
+    with openai.OpenAI(api_key=TOKEN, base_url=base + "/v1", max_retries=0, default_headers=headers) as proxied:
+        wait_idle(base)
+        assert decoded_seconds(proxied.audio.speech.create(model="tts-1", voice="alloy", input=FOX).content) > 1
 
 
 # -- transcriptions -------------------------------------------------------------------------------

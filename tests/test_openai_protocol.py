@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from openai_api import protocol
 from openai_api.protocol import APIError
 from openai_api.uploads import decode_upload
-from speech.containers import STREAM_FORMATS, StreamEncoder
+from speech.containers import FIRST_BYTES_SAMPLES, STREAM_FORMATS, StreamEncoder
 from speech.protocol import Capabilities
 
 CAPS = Capabilities(
@@ -217,3 +217,11 @@ def test_uploads_decode_to_16k_mono_and_refusals_are_clear():
         with pytest.raises(APIError) as info:
             decode_upload(junk, max_seconds=10)
         assert (info.value.status, info.value.param) == (400, "file")
+
+
+@pytest.mark.parametrize("fmt", STREAM_FORMATS)
+def test_first_bytes_need_exactly_the_samples_the_speech_view_asks_the_vocoder_for(fmt):
+    need = FIRST_BYTES_SAMPLES.get(fmt, 1200)  # others: the default first vocoder step (1200 samples)
+    assert StreamEncoder(fmt).feed(TONE[: need * 2]), "no bytes after the first vocoder step's audio"
+    if fmt in FIRST_BYTES_SAMPLES:  # and one 12.5 ms frame less is not enough: the table is tight
+        assert not StreamEncoder(fmt).feed(TONE[: (need - 300) * 2])
