@@ -154,15 +154,16 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="3 repetitions")
     parser.add_argument("--paced", action="store_true", help="keep the server's pacing (default: unpaced)")
     parser.add_argument("--api-key", default=os.environ.get("OMNIWEB_BENCH_TOKEN", "unused"))
+    parser.add_argument("--no-transcription", action="store_true", help="speech only (section 3 takes minutes)")
     args = parser.parse_args()
     reps = 3 if args.quick else args.reps
     if args.url:
-        return run(args.url.rstrip("/"), reps, args.api_key)
+        return run(args.url.rstrip("/"), reps, args.api_key, not args.no_transcription)
     with server(args.paced) as base:
-        return run(base, reps, args.api_key)
+        return run(base, reps, args.api_key, not args.no_transcription)
 
 
-def run(base: str, reps: int, api_key: str) -> int:
+def run(base: str, reps: int, api_key: str, transcribe: bool) -> int:
     ws_url = base.replace("http", "ws", 1) + "/v1/audio/speech/stream"
     texts = {"1 sentence": SHORT_SENTENCE, "40 sentences": long_flush_text(40)}
     client = openai.OpenAI(api_key=api_key, base_url=base + "/v1", max_retries=0, timeout=300)
@@ -210,7 +211,13 @@ def run(base: str, reps: int, api_key: str) -> int:
                 f"| {ratio:.2f}× | {verdict} |"
             )
     print()
+    if transcribe:
+        transcription(client, texts, bodies, reps)
+    print(f"Overall: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
 
+
+def transcription(client: openai.OpenAI, texts: dict[str, str], bodies: dict[str, bytes], reps: int) -> None:
     print("### Transcription (whisper-1 → Whisper tiny.en on the engine)\n")
     print("| audio | response_format | audio s | wall ms (median) | real-time factor | words right |")
     print("|---|---|---|---|---|---|")
@@ -232,8 +239,6 @@ def run(base: str, reps: int, api_key: str) -> int:
             wall = statistics.median(walls)
             print(f"| {label} | `{fmt}` | {seconds:.1f} | {wall * 1000:.0f} | {wall / seconds:.3f} | {right:.0%} |")
     print()
-    print(f"Overall: {'PASS' if ok else 'FAIL'}")
-    return 0 if ok else 1
 
 
 def _words(text: str) -> list[str]:

@@ -155,14 +155,19 @@ async def speech(request: HttpRequest) -> HttpResponse:
     try:
         engine = await asyncio.to_thread(get_engine_client)  # first use may load the models
         stream = engine.stream(tts_request(params.input, config, TTS_PIPELINE), uuid.uuid4().hex)
-        first = await _first_chunk(stream)
+        if params.response_format in ("pcm", "wav"):  # nothing to set up
+            first, encoder = await _first_chunk(stream), StreamEncoder(params.response_format)
+        else:  # FFmpeg's encoder set-up (1-5 ms) runs in a thread while the engine makes the first audio
+            first, encoder = await asyncio.gather(
+                _first_chunk(stream), asyncio.to_thread(StreamEncoder, params.response_format)
+            )
     except BaseException:
         release()
         raise
     if first["type"] == "end":
         release()
+        encoder.close()
         return error_response(_end_error(first))
-    encoder = StreamEncoder(params.response_format)
     sse = params.stream_format == "sse"
     body = _speech_body(stream, first, encoder, params, sse, clock, scope, release)
     # The slot is given back when the body ends, and also if the body is dropped unstarted (a client
@@ -204,6 +209,7 @@ async def _speech_body(
             header = encoder.header()
             if header:
                 yield wrap(header)
+                await asyncio.sleep(0)
             chunk = first
             while True:
                 kind = chunk["type"]
@@ -220,6 +226,9 @@ async def _speech_body(
                         sent = True
                         clock.audio_sent(stream=True)  # ops
                         yield wrap(out)
+                        # Let the server write it out now: while the engine is ahead, the next
+                        # chunks are already queued and nothing else here would yield to the loop.
+                        await asyncio.sleep(0)
                 elif kind == "end":
                     if chunk.get("status") != "ok":
                         error = _end_error(chunk)
