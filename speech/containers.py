@@ -36,14 +36,17 @@ class _Codec:
     rate: int
     options: dict[str, str]
     bit_rate: int | None = None
+    # The encoder's input format when the PCM can be handed over as it is (same rate, mono planar
+    # = packed): no resampler, whose set-up would delay the first bytes by a few milliseconds.
+    sample_format: str | None = None
 
 
-# Opus runs at 48 kHz only; the others keep the voice's 24 kHz.
+# Opus runs at 48 kHz only (resampled); the others keep the voice's 24 kHz.
 _CODECS = {
-    "mp3": _Codec("mp3", "libmp3lame", SAMPLE_RATE, {}, 64_000),
+    "mp3": _Codec("mp3", "libmp3lame", SAMPLE_RATE, {}, 64_000, "s16p"),
     "opus": _Codec("ogg", "libopus", 48_000, {"page_duration": "20000"}, 32_000),
-    "aac": _Codec("adts", "aac", SAMPLE_RATE, {}, 64_000),
-    "flac": _Codec("flac", "flac", SAMPLE_RATE, {}),
+    "aac": _Codec("adts", "aac", SAMPLE_RATE, {}, 64_000, "fltp"),
+    "flac": _Codec("flac", "flac", SAMPLE_RATE, {}, None, "s16"),
 }
 
 # Samples an encoder takes in before it writes its first bytes (FFmpeg's frame size plus its
@@ -114,8 +117,13 @@ class StreamEncoder:
             self._stream = self._container.add_stream(spec.codec, rate=spec.rate, layout="mono")
             if spec.bit_rate is not None:
                 self._stream.bit_rate = spec.bit_rate
-            fmt = self._stream.codec_context.format
-            self._resampler = av.AudioResampler(format=fmt.name if fmt else "s16", layout="mono", rate=spec.rate)
+            self._format = spec.sample_format
+            self._resampler = None
+            if self._format is not None:
+                self._stream.codec_context.format = self._format
+            else:
+                fmt = self._stream.codec_context.format
+                self._resampler = av.AudioResampler(format=fmt.name if fmt else "s16", layout="mono", rate=spec.rate)
             self._pts = 0
 
     def header(self) -> bytes:
@@ -138,8 +146,9 @@ class StreamEncoder:
         """The end of the file: the encoders' delayed frames and the container's trailer."""
         if self._container is None:
             return self.header()
-        for frame in self._resampler.resample(None):
-            self._mux(frame)
+        if self._resampler is not None:
+            for frame in self._resampler.resample(None):
+                self._mux(frame)
         for packet in self._stream.encode(None):
             self._container.mux(packet)
         self._container.close()
@@ -153,6 +162,14 @@ class StreamEncoder:
             self._container = None
 
     def _encode(self, samples: np.ndarray) -> None:
+        if self._resampler is None:
+            data = samples.astype(np.float32) / 32768.0 if self._format == "fltp" else samples
+            frame = av.AudioFrame.from_ndarray(data.reshape(1, -1), format=self._format, layout="mono")
+            frame.sample_rate = SAMPLE_RATE
+            frame.pts = self._pts
+            self._pts += samples.size
+            self._mux(frame)
+            return
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = SAMPLE_RATE
         for out in self._resampler.resample(frame):
