@@ -20,10 +20,12 @@ from omniweb.engine.worker import EngineWorkerConsumer  # noqa: E402
 from omniweb.routing import websocket_urlpatterns  # noqa: E402
 from omniweb.security import browser_origin_validator, known_paths_only  # noqa: E402
 from omniweb.transport import send_buffer_probe  # noqa: E402
+from openai_api.asgi import http_abort  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # HTTP through Django; a streamed body that cannot be completed is broken off (openai_api.asgi).
+        "http": http_abort(django_asgi_app),
         # Unknown paths refused first; the Origin check, then API tokens and the per-client session
         # limit (omniweb.auth), then routes.
         "websocket": send_buffer_probe(

@@ -35,7 +35,7 @@ import hmac
 import ipaddress
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -164,6 +164,30 @@ def client_key(scope: dict[str, Any]) -> str | None:
 
 def open_sessions(key: str) -> int:
     return _open_per_client[key]
+
+
+def claim_session(scope: dict[str, Any]) -> Callable[[], None] | None:
+    """Hold one of the client's ``MAX_SESSIONS_PER_CLIENT`` for a long HTTP response (a streamed
+    speech body counts as a session): an idempotent release function, or None when the client
+    already holds them all."""
+    key = client_key(scope)
+    limit = settings.MAX_SESSIONS_PER_CLIENT
+    if key is None or limit <= 0:
+        return lambda: None
+    if _open_per_client[key] >= limit:
+        return None
+    _open_per_client[key] += 1
+    held = True
+
+    def release() -> None:
+        nonlocal held
+        if held:
+            held = False
+            _open_per_client[key] -= 1
+            if _open_per_client[key] <= 0:
+                del _open_per_client[key]
+
+    return release
 
 
 # -- the middleware ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import include, path
 from django.views.generic import TemplateView
 
 from . import views
@@ -12,4 +12,6 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("metrics", views.metrics_view, name="metrics"),
     path("v1/ws-token", views.ws_token, name="ws-token"),
+    # OpenAI-compatible HTTP audio APIs (openai_api/).
+    path("", include("openai_api.urls")),
 ]

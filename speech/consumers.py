@@ -345,18 +345,7 @@ class SpeechStreamConsumer(SessionConsumer):
         else:
             # One piece per line: the splitter cuts them exactly where they were cut here.
             text, split = "\n".join(pieces), config.split_granularity
-        request: dict[str, Any] = {
-            "pipeline": PIPELINE,
-            "text": text,
-            "voice": config.voice,
-            "speed": config.speed,
-            "seed": config.seed,
-            "split": split,
-            "timestamps": config.word_timestamps,
-            "first_chunk_frames": config.initial_codec_chunk_frames,
-            "max_frames": config.max_new_tokens,
-            "priority": config.priority,
-        }
+        request = protocol.tts_request(text, config, PIPELINE, split=split)
         if split == "sentence" and utt.merge:
             request["max_frames_scope"] = "request"  # max_new_tokens caps the flush, as one request
             if not config.stream_audio:

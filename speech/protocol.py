@@ -162,6 +162,26 @@ def check_capabilities(config: SessionConfig, caps: Capabilities) -> None:
         )
 
 
+def tts_request(text: str, config: SessionConfig, pipeline: str, *, split: str | None = None) -> dict[str, Any]:
+    """The engine request that speaks ``text`` as ``config`` says (every wire format builds it here).
+
+    ``split``: how the engine cuts the text into talker steps, when it differs from the wire's
+    ``split_granularity`` (a flush sent as one sentence is still synthesized sentence by sentence).
+    """
+    return {
+        "pipeline": pipeline,
+        "text": text,
+        "voice": config.voice,
+        "speed": config.speed,
+        "seed": config.seed,
+        "split": split or config.split_granularity,
+        "timestamps": config.word_timestamps,
+        "first_chunk_frames": config.initial_codec_chunk_frames,
+        "max_frames": config.max_new_tokens,
+        "priority": config.priority,
+    }
+
+
 CODEC_UNSUPPORTED = "output_mode='codec_tokens' is not supported by the loaded TTS model."
 
 

@@ -519,6 +519,33 @@ def test_embedded_daphne_behind_nginx(stack, tmp_path):
     assert status == 200, body
     assert json.loads(body)["ok"] is True
 
+    _openai_sdk_speech_through_nginx(n)
+
+
+def _openai_sdk_speech_through_nginx(n: Nginx) -> None:
+    """The official SDK's streamed speech through nginx: the first bytes reach the client while the
+    engine is still synthesizing (nginx does not buffer the stream), and the whole file decodes."""
+    import openai
+
+    # 12 sentences (~30 s of speech): within the 30 s the engine runs ahead of playback, so unpaced.
+    text = " ".join(f"Sentence number {i} streams through the proxy." for i in range(12))
+    http_client = openai.DefaultHttpx2Client(verify=n.client_ssl())
+    with (
+        openai.OpenAI(
+            api_key="unused", base_url=f"https://127.0.0.1:{n.https_port}/v1", max_retries=0, http_client=http_client
+        ) as client,
+        client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="alloy", input=text, response_format="wav"
+        ) as response,
+    ):
+        chunks = response.iter_bytes()
+        first = next(chunks)
+        _, _, health = https_get(n, "/healthz")
+        busy = json.loads(health)["engine"]["active"]
+        rest = b"".join(chunks)
+    assert first[:4] == b"RIFF" and busy == 1, (first[:16], busy)  # streamed, not buffered by the proxy
+    assert (len(first) + len(rest) - 44) / 2 / 24000 > 20  # every sentence arrived
+
 
 # -- scale-out over Redis ------------------------------------------------------------------------
 

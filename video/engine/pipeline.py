@@ -34,7 +34,7 @@ from omniweb.engine.contracts import DONE, Done, ShapeSignature, StepResult, Wai
 from omniweb.errors import ErrorKind
 from speech.tts.loops import TEXT_IN, TEXT_IN_DONE, TalkerLoop, VocoderLoop, validate_voice, vocoder_backend
 from speech.tts.model import HibariTalker
-from video.asr import Transcriber, Transcription
+from video.asr import Transcriber, Transcription, shared_transcriber
 
 from .sentences import SentenceStream
 from .thinkers import Frame, Thinker, ThinkerError, ThinkerRun, Turn, WaitableRun, make_thinker
@@ -215,7 +215,7 @@ class VideoTurnPipeline:
     def __init__(self) -> None:
         self.talker = HibariTalker()
         self.thinker = make_thinker()
-        self.transcriber = Transcriber()
+        self.transcriber = shared_transcriber()  # one Whisper per process (also /v1/audio/transcriptions)
         self.loops = (
             ThinkerLoop(self.thinker, self.transcriber),
             TalkerLoop(self.talker, settings.TALKER_LOOKAHEAD, incremental=True),

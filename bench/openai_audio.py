@@ -1,0 +1,251 @@
+#!/usr/bin/env python
+"""The OpenAI-compatible audio APIs against the WebSocket endpoint, side by side in one run.
+
+Against one server (started here unless ``--url`` names one), interleaved request by request so
+every path sees the same machine state:
+
+1. ``POST /v1/audio/speech`` through the official ``openai`` SDK (``with_streaming_response``,
+   ``iter_bytes``): time to the first body bytes and to the end of the body, for a 1-sentence and a
+   40-sentence input, in ``pcm``, ``wav`` and ``mp3`` (OpenAI's default);
+2. the WebSocket (``/v1/audio/speech/stream``, ``stream_audio`` PCM) on the same texts: time from
+   ``input.done`` to the first binary frame, and to ``session.done``;
+3. ``POST /v1/audio/transcriptions`` (``whisper-1``) of the speech it just made: wall time over
+   the audio's duration (real-time factor), for ``json`` and ``verbose_json`` with words.
+
+Target (issue 13): the HTTP first byte is at most 1.2x the WebSocket's first audio (medians).
+Prints markdown to stdout, progress to stderr; exit status 1 when a target fails.
+
+Usage (repository root, venv active)::
+
+    python bench/openai_audio.py                # starts runserver on a free port (unpaced engine)
+    python bench/openai_audio.py --quick        # fewer repetitions
+    python bench/openai_audio.py --url http://127.0.0.1:8000
+
+Without ``--url`` the server runs with ``OMNIWEB_ENGINE_MAX_AHEAD_SECONDS=0`` (unpaced) so the
+40-sentence totals measure synthesis, not playback pacing; ``--paced`` keeps the server default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import openai
+from websockets.sync.client import connect
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from speech_latency import SHORT_SENTENCE, long_flush_text  # noqa: E402
+
+TARGET_FIRST_BYTE_VS_WS = 1.2
+perf = time.perf_counter
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def server(paced: bool) -> Iterator[str]:
+    port = free_port()
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "omniweb.settings", "PYTHONUNBUFFERED": "1"}
+    if not paced:
+        env["OMNIWEB_ENGINE_MAX_AHEAD_SECONDS"] = "0"
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                try:
+                    with urllib.request.urlopen(base + "/healthz", timeout=2) as r:
+                        if json.loads(r.read())["engine"]["local_started"]:
+                            break
+                except (OSError, ValueError, KeyError):
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    out.seek(0)
+                    raise SystemExit("server did not start:\n" + out.read().decode(errors="replace"))
+                time.sleep(0.2)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+# -- one request each ---------------------------------------------------------------------------------
+def http_speech(client: openai.OpenAI, text: str, fmt: str) -> tuple[float, float, bytes]:
+    """(first body bytes, end of body) in seconds from the request, and the body."""
+    parts = []
+    start = perf()
+    first = None
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input=text, response_format=fmt
+    ) as response:
+        for part in response.iter_bytes():
+            if first is None:
+                first = perf() - start
+            parts.append(part)
+    total = perf() - start
+    assert first is not None
+    return first, total, b"".join(parts)
+
+
+def ws_speech(url: str, text: str) -> tuple[float, float]:
+    """(first PCM frame, session.done) in seconds from input.done."""
+    with connect(url, max_size=None) as ws:
+        ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "stream_audio": True}))
+        ws.send(json.dumps({"type": "input.text", "text": text}))
+        start = perf()
+        ws.send(json.dumps({"type": "input.done"}))
+        first = None
+        while True:
+            msg = ws.recv(timeout=120)
+            if isinstance(msg, bytes):
+                if first is None:
+                    first = perf() - start
+            elif json.loads(msg)["type"] == "session.done":
+                total = perf() - start
+                break
+        ws.send(json.dumps({"type": "session.close"}))
+    assert first is not None
+    return first, total
+
+
+def median_ms(xs: list[float]) -> str:
+    return f"{statistics.median(xs) * 1000:.0f}"
+
+
+def spread_ms(xs: list[float]) -> str:
+    return f"{min(xs) * 1000:.0f}–{max(xs) * 1000:.0f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--url", help="a running server, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--reps", type=int, default=7, help="repetitions per case (default 7)")
+    parser.add_argument("--quick", action="store_true", help="3 repetitions")
+    parser.add_argument("--paced", action="store_true", help="keep the server's pacing (default: unpaced)")
+    parser.add_argument("--api-key", default=os.environ.get("OMNIWEB_BENCH_TOKEN", "unused"))
+    parser.add_argument("--no-transcription", action="store_true", help="speech only (section 3 takes minutes)")
+    args = parser.parse_args()
+    reps = 3 if args.quick else args.reps
+    if args.url:
+        return run(args.url.rstrip("/"), reps, args.api_key, not args.no_transcription)
+    with server(args.paced) as base:
+        return run(base, reps, args.api_key, not args.no_transcription)
+
+
+def run(base: str, reps: int, api_key: str, transcribe: bool) -> int:
+    ws_url = base.replace("http", "ws", 1) + "/v1/audio/speech/stream"
+    texts = {"1 sentence": SHORT_SENTENCE, "40 sentences": long_flush_text(40)}
+    client = openai.OpenAI(api_key=api_key, base_url=base + "/v1", max_retries=0, timeout=300)
+    formats = ["pcm", "wav", "mp3"]
+    first: dict[tuple[str, str], list[float]] = {}
+    total: dict[tuple[str, str], list[float]] = {}
+    bodies: dict[str, bytes] = {}
+    cases: list[tuple[str, str, Callable[[], tuple[float, float]]]] = []
+    for label, text in texts.items():
+        cases.append((label, "ws", lambda text=text: ws_speech(ws_url, text)))
+        for fmt in formats:
+
+            def http(text: str = text, fmt: str = fmt, label: str = label) -> tuple[float, float]:
+                f, t, body = http_speech(client, text, fmt)
+                bodies[f"{label}/{fmt}"] = body
+                return f, t
+
+            cases.append((label, fmt, http))
+    log("warm-up")
+    for _, _, case in cases[:4]:
+        case()
+    for rep in range(reps):
+        log(f"repetition {rep + 1}/{reps}")
+        for label, path, case in cases:
+            f, t = case()
+            first.setdefault((label, path), []).append(f)
+            total.setdefault((label, path), []).append(t)
+
+    ok = True
+    print("### OpenAI speech vs WebSocket (same run, interleaved)\n")
+    print(f"{reps} repetitions per case, medians (min–max) in ms; WebSocket times from `input.done`.\n")
+    print("| input | path | first bytes | total | first bytes / WS first audio | target ≤ 1.2× |")
+    print("|---|---|---|---|---|---|")
+    for label in texts:
+        ws_first = statistics.median(first[(label, "ws")])
+        for path in ["ws", *formats]:
+            fs, ts = first[(label, path)], total[(label, path)]
+            name = "WebSocket (PCM stream)" if path == "ws" else f"HTTP `{path}`"
+            ratio = statistics.median(fs) / ws_first
+            verdict = "" if path == "ws" else ("PASS" if ratio <= TARGET_FIRST_BYTE_VS_WS else "FAIL")
+            if path in ("pcm", "mp3") and verdict == "FAIL":
+                ok = False
+            print(
+                f"| {label} | {name} | {median_ms(fs)} ({spread_ms(fs)}) | {median_ms(ts)} ({spread_ms(ts)}) "
+                f"| {ratio:.2f}× | {verdict} |"
+            )
+    print()
+    if transcribe:
+        transcription(client, texts, bodies, reps)
+    print(f"Overall: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+def transcription(client: openai.OpenAI, texts: dict[str, str], bodies: dict[str, bytes], reps: int) -> None:
+    print("### Transcription (whisper-1 → Whisper tiny.en on the engine)\n")
+    print("| audio | response_format | audio s | wall ms (median) | real-time factor | words right |")
+    print("|---|---|---|---|---|---|")
+    for label, text in texts.items():
+        wav = bodies[f"{label}/wav"]
+        seconds = (len(wav) - 44) / 2 / 24000
+        for fmt, extra in [("json", {}), ("verbose_json", {"timestamp_granularities": ["word"]})]:
+            walls = []
+            result = None
+            for _ in range(max(1, reps // 3)):
+                start = perf()
+                result = client.audio.transcriptions.create(
+                    model="whisper-1", file=("speech.wav", io.BytesIO(wav)), response_format=fmt, **extra
+                )
+                walls.append(perf() - start)
+            assert result is not None
+            said, heard = _words(text), _words(result.text)
+            right = sum(a == b for a, b in zip(said, heard, strict=False)) / len(said)
+            wall = statistics.median(walls)
+            print(f"| {label} | `{fmt}` | {seconds:.1f} | {wall * 1000:.0f} | {wall / seconds:.3f} | {right:.0%} |")
+    print()
+
+
+def _words(text: str) -> list[str]:
+    import re
+
+    return re.findall(r"[a-z']+", text.lower())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+from django.apps import AppConfig
+
+
+class OpenAIApiConfig(AppConfig):
+    name = "openai_api"
+    verbose_name = "OpenAI-compatible audio APIs"
+
+    def ready(self) -> None:
+        import speech.containers  # noqa: F401  (loads FFmpeg now, not on the first request: ~0.15 s)
+        from omniweb.engine.runtime import register_pipeline
+
+        from .transcribe import PIPELINE, TranscribePipeline
+
+        register_pipeline(PIPELINE, TranscribePipeline)  # Whisper loads when the engine starts

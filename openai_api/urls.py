@@ -1,0 +1,13 @@
+"""Routes without a trailing slash: the SDK posts to ``/v1/audio/speech``, and Django's slash
+redirect would turn a POST into a GET."""
+
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("v1/audio/speech", views.speech, name="openai-speech"),
+    path("v1/audio/transcriptions", views.transcriptions, name="openai-transcriptions"),
+    path("v1/models", views.models, name="openai-models"),
+    path("v1/models/<path:model_id>", views.model, name="openai-model"),
+]

@@ -1,0 +1,389 @@
+"""Transport for OpenAI's HTTP audio API: async Django views over the engine client.
+
+``POST /v1/audio/speech`` submits the same engine request as the WebSocket's flush and streams the
+body (chunked) while it is synthesized; ``POST /v1/audio/transcriptions`` decodes the upload and
+runs the ``audio.transcribe`` pipeline; ``GET /v1/models`` lists what this server serves.
+
+Streaming and disconnects: Django's ASGI handler (daphne, also under ``runserver``) listens for
+``http.disconnect`` while a response streams and cancels the response task; the body generator
+then closes its engine stream, which aborts the request in the engine at once. The first engine
+chunk is awaited before the status line is sent, so admission control can still answer 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from hibari import dsp
+
+from omniweb import auth, metrics
+from omniweb.engine.runtime import get_engine_client
+from speech.containers import FIRST_BYTES_SAMPLES, StreamEncoder
+from speech.protocol import SAMPLE_RATE, SessionConfig, tts_request
+from speech.tts.loops import PIPELINE as TTS_PIPELINE
+from speech.tts.model import capabilities
+from speech.tts.vocoder import HOP
+
+from . import protocol
+from .asgi import SCOPE_KEY as ABORT_KEY
+from .protocol import APIError
+from .transcribe import PIPELINE as TRANSCRIBE_PIPELINE
+from .uploads import decode_upload
+
+logger = logging.getLogger(__name__)
+
+SPEECH_ENDPOINT = "/v1/audio/speech"
+TRANSCRIBE_ENDPOINT = "/v1/audio/transcriptions"
+_STARTED = int(time.time())  # "created" of every model in /v1/models
+_ERROR_KINDS = {401: "auth", 429: "limit", 503: "busy", 500: "generation"}
+
+
+# -- shared pieces -----------------------------------------------------------------------------------
+def error_response(error: APIError) -> JsonResponse:
+    metrics.count_error(_ERROR_KINDS.get(error.status, "protocol"))
+    response = JsonResponse(error.body(), status=error.status)
+    if error.retry_after is not None:
+        response["Retry-After"] = str(error.retry_after)
+    if error.status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="omniweb"'
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def check_access(request: HttpRequest, method: str) -> None:
+    """The method, then the API token (``OMNIWEB_API_TOKENS``, as for the WebSockets)."""
+    if request.method != method:
+        raise APIError(405, f"{request.path} accepts {method} only", code="method_not_allowed")
+    tokens = auth.api_tokens()
+    if tokens:
+        presented = auth.parse_bearer(request.headers.get("Authorization", ""))
+        if presented is None or auth.match_token(presented, tokens) is None:
+            raise protocol.unauthorized()
+
+
+def _end_error(chunk: dict[str, Any]) -> APIError:
+    """An engine ``end`` that came instead of any output."""
+    status = chunk.get("status")
+    if status == "busy":
+        return protocol.busy()
+    if status == "invalid":
+        return protocol.invalid(str(chunk.get("message") or "The request cannot be served"))
+    logger.warning("engine request ended with %s: %s", status, chunk.get("message"))
+    return APIError(500, "The request failed on the server", type="server_error", code="generation_failed")
+
+
+async def _first_chunk(stream: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
+    """The stream's first chunk; a request cancelled meanwhile (client gone) closes the stream."""
+    try:
+        return await anext(stream)
+    except BaseException:
+        await stream.aclose()  # type: ignore[attr-defined]
+        raise
+
+
+def first_chunk_frames(response_format: str) -> int | None:
+    """A first vocoder step big enough for the encoder's first frame, so the first bytes leave
+    after one engine step, not two (None: the setting's size is used)."""
+    need = FIRST_BYTES_SAMPLES.get(response_format)
+    if need is None:
+        return None
+    # A sentence's first vocoder step holds back half an FFT window for the overlap-add.
+    held_back = (dsp.N_FFT // 2) // HOP
+    return max(-(-need // HOP) + held_back, settings.VOCODER_FIRST_CHUNK_FRAMES)
+
+
+@functools.cache
+def _voice_table() -> dict[str, str]:
+    caps = capabilities()
+    return protocol.voice_table(settings.OPENAI_VOICE_MAP, caps.voices, caps.default_voice)
+
+
+def _body(request: HttpRequest) -> bytes:
+    try:
+        return request.body
+    except RequestDataTooBig:
+        raise APIError(
+            413,
+            f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes",
+            code="request_too_large",
+        ) from None
+
+
+# -- POST /v1/audio/speech ---------------------------------------------------------------------------
+async def speech(request: HttpRequest) -> HttpResponse:
+    clock = metrics.FirstAudioClock()  # ops: request → first audio bytes, as the WebSocket's input.done → audio
+    try:
+        check_access(request, "POST")
+        data = protocol.parse_json_body(request.content_type or "", _body(request))
+        caps = capabilities()
+        params = protocol.parse_speech(data, caps, _voice_table(), settings.SPEECH_MAX_TEXT_CHARS)
+    except APIError as exc:
+        return error_response(exc)
+    # The WebSocket's engine request for one flush, spoken sentence by sentence whatever the
+    # WebSocket's split default: each sentence streams while the next is synthesized.
+    config = SessionConfig(
+        model=caps.model_names[0],
+        voice=params.voice,
+        response_format="pcm",
+        speed=params.speed,
+        split_granularity="sentence",
+        initial_codec_chunk_frames=first_chunk_frames(params.response_format),
+    )
+    scope = getattr(request, "scope", {})
+    release = auth.claim_session(scope)  # a stream holds one of the client's sessions, as a WebSocket does
+    if release is None:
+        limit = settings.MAX_SESSIONS_PER_CLIENT
+        return error_response(
+            APIError(
+                429,
+                f"Too many concurrent streams from this client (at most {limit})",
+                code="too_many_streams",
+                retry_after=1,
+            )
+        )
+    try:
+        engine = await asyncio.to_thread(get_engine_client)  # first use may load the models
+        stream = engine.stream(tts_request(params.input, config, TTS_PIPELINE), uuid.uuid4().hex)
+        if params.response_format in ("pcm", "wav"):  # nothing to set up
+            first, encoder = await _first_chunk(stream), StreamEncoder(params.response_format)
+        else:  # FFmpeg's encoder set-up (1-5 ms) runs in a thread while the engine makes the first audio
+            first, encoder = await asyncio.gather(
+                _first_chunk(stream), asyncio.to_thread(StreamEncoder, params.response_format)
+            )
+    except BaseException:
+        release()
+        raise
+    if first["type"] == "end":
+        release()
+        encoder.close()
+        return error_response(_end_error(first))
+    sse = params.stream_format == "sse"
+    body = _speech_body(stream, first, encoder, params, sse, clock, scope, release)
+    # The slot is given back when the body ends, and also if the body is dropped unstarted (a client
+    # gone between the status line and the first chunk).
+    weakref.finalize(body, release)
+    response = StreamingHttpResponse(body, content_type="text/event-stream" if sse else encoder.content_type)
+    response["Cache-Control"] = "no-store"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass the stream on as it comes
+    response["X-Omniweb-Voice"] = params.voice  # the local voice that speaks (OpenAI names are mapped)
+    if params.response_format == "pcm":
+        response["X-Omniweb-Sample-Rate"] = str(SAMPLE_RATE)
+    return response
+
+
+async def _speech_body(
+    stream: AsyncIterator[dict[str, Any]],
+    first: dict[str, Any],
+    encoder: StreamEncoder,
+    params: protocol.SpeechParams,
+    sse: bool,
+    clock: metrics.FirstAudioClock,
+    scope: dict[str, Any],
+    release: Callable[[], None],
+) -> AsyncIterator[bytes]:
+    """The body: container bytes as the engine's PCM arrives (or SSE deltas of them)."""
+    loop = asyncio.get_running_loop()
+    pending: asyncio.Future[bytes] | None = None  # an encoder call running in a thread
+    offload = params.response_format not in ("pcm", "wav")  # FFmpeg encoders: in a thread, off the event loop
+    samples = 0
+    sent = False  # audio bytes have left
+    gauge = metrics.SESSIONS_OPEN.labels(endpoint=SPEECH_ENDPOINT)
+    gauge.inc()
+
+    def wrap(data: bytes) -> bytes:
+        return protocol.speech_delta(data) if sse else data
+
+    try:
+        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+            header = encoder.header()
+            if header:
+                yield wrap(header)
+                await asyncio.sleep(0)
+            chunk = first
+            while True:
+                kind = chunk["type"]
+                if kind == "audio":
+                    pcm: bytes = chunk["pcm"]
+                    samples += len(pcm) // 2
+                    if offload and sent:  # until the first bytes leave, encode here: no thread hop
+                        pending = loop.run_in_executor(None, encoder.feed, pcm)
+                        out = await asyncio.shield(pending)
+                        pending = None
+                    else:
+                        out = encoder.feed(pcm)
+                    if out:
+                        sent = True
+                        clock.audio_sent(stream=True)  # ops
+                        yield wrap(out)
+                        # Let the server write it out now: while the engine is ahead, the next
+                        # chunks are already queued and nothing else here would yield to the loop.
+                        await asyncio.sleep(0)
+                elif kind == "end":
+                    if chunk.get("status") != "ok":
+                        error = _end_error(chunk)
+                        metrics.count_error("generation")
+                        if sse:
+                            yield protocol.sse_error(error)
+                            return
+                        # The status line has gone: break the body off (no terminating chunk) so
+                        # the client sees a truncated response, never a short file that looks whole.
+                        abort = scope.get(ABORT_KEY)
+                        if abort is None:
+                            raise RuntimeError(f"speech synthesis failed mid-stream: {chunk.get('message')}")
+                        logger.warning("speech failed mid-stream (%s): connection aborted", chunk.get("message"))
+                        abort()
+                        return
+                    tail = await loop.run_in_executor(None, encoder.finish) if offload else encoder.finish()
+                    if tail:
+                        yield wrap(tail)
+                    if sse:
+                        yield protocol.speech_done(len(params.input), samples / SAMPLE_RATE)
+                    return
+                chunk = await anext(stream)
+    finally:
+        gauge.dec()
+        release()
+        if pending is not None and not pending.done():
+            pending.add_done_callback(lambda _: encoder.close())  # FFmpeg is still busy in the thread
+        else:
+            encoder.close()
+
+
+# -- POST /v1/audio/transcriptions -------------------------------------------------------------------
+async def transcriptions(request: HttpRequest) -> HttpResponse:
+    try:
+        check_access(request, "POST")
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+        if length > settings.TRANSCRIBE_MAX_BYTES + 64 * 1024:  # room for the other form fields
+            raise APIError(
+                413,
+                f"The upload is larger than {settings.TRANSCRIBE_MAX_BYTES} bytes",
+                param="file",
+                code="file_too_large",
+            )
+        if (request.content_type or "").lower() != "multipart/form-data":
+            raise protocol.invalid(
+                f"Unsupported content type '{request.content_type or '(none)'}'; send multipart/form-data",
+                code="unsupported_content_type",
+            )
+        try:  # parsing writes a large upload to a temporary file: not on the event loop
+            fields, upload = await asyncio.to_thread(_form, request)
+        except RequestDataTooBig:
+            raise APIError(413, "The form fields are too large", code="request_too_large") from None
+        params = protocol.parse_transcription(fields)
+        if upload is None:
+            raise protocol.invalid(
+                "'file' is required (the recording, as a multipart file)", "file", "missing_required_parameter"
+            )
+        if upload.size > settings.TRANSCRIBE_MAX_BYTES:
+            raise APIError(
+                413,
+                f"The upload is larger than {settings.TRANSCRIBE_MAX_BYTES} bytes",
+                param="file",
+                code="file_too_large",
+            )
+        data = await asyncio.to_thread(upload.read)
+        pcm = await asyncio.to_thread(decode_upload, data, settings.TRANSCRIBE_MAX_SECONDS)
+    except APIError as exc:
+        return error_response(exc)
+    engine = await asyncio.to_thread(get_engine_client)
+    engine_request = {
+        "pipeline": TRANSCRIBE_PIPELINE,
+        "audio": pcm,
+        "prompt": params.prompt,
+        "temperature": params.temperature,
+        "words": params.words,
+    }
+    stream = engine.stream(engine_request, uuid.uuid4().hex)
+    first = await _first_chunk(stream)
+    if first["type"] == "end" and first.get("status") != "ok":
+        return error_response(_end_error(first))
+    if params.stream:
+        response = StreamingHttpResponse(_transcript_events(stream, first), content_type="text/event-stream")
+        response["Cache-Control"] = "no-store"
+        response["X-Accel-Buffering"] = "no"
+        return response
+    segments: list[dict[str, Any]] = []
+    words: list[dict[str, Any]] = []
+    chunk = first
+    async with contextlib.aclosing(stream):  # type: ignore[type-var]
+        while chunk["type"] != "end":
+            if chunk["type"] == "segment":
+                segments.append(chunk["segment"])
+                words.extend(chunk.get("words") or [])
+            chunk = await anext(stream)
+    if chunk.get("status") != "ok":
+        return error_response(_end_error(chunk))
+    body, content_type = protocol.format_transcript(params, segments, words, float(chunk.get("duration") or 0.0))
+    response = HttpResponse(body, content_type=content_type)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def _form(request: HttpRequest) -> tuple[dict[str, list[str]], Any]:
+    return {k: request.POST.getlist(k) for k in request.POST}, request.FILES.get("file")
+
+
+async def _transcript_events(stream: AsyncIterator[dict[str, Any]], first: dict[str, Any]) -> AsyncIterator[bytes]:
+    """stream=true: one ``transcript.text.delta`` per segment, then ``transcript.text.done``."""
+    texts: list[str] = []
+    chunk = first
+    async with contextlib.aclosing(stream):  # type: ignore[type-var]
+        while chunk["type"] != "end":
+            if chunk["type"] == "segment":
+                text = str(chunk["segment"]["text"]).strip()
+                if text:
+                    yield protocol.transcript_delta(text if not texts else " " + text)
+                    texts.append(text)
+            chunk = await anext(stream)
+    if chunk.get("status") != "ok":
+        metrics.count_error("generation")
+        yield protocol.sse_error(_end_error(chunk))
+        return
+    yield protocol.transcript_done(" ".join(texts), float(chunk.get("duration") or 0.0))
+
+
+# -- GET /v1/models ----------------------------------------------------------------------------------
+def _served() -> list[tuple[str, str]]:
+    """Every model name this server answers to: the voice, the transcriber, the video thinker."""
+    caps = capabilities()
+    names = [caps.model_names[0], *protocol.SPEECH_MODEL_ALIASES, protocol.TRANSCRIBE_MODEL]
+    names += protocol.TRANSCRIBE_MODEL_ALIASES
+    # The video thinker (on /v1/video/chat/stream): the built-in scene analyser, or the upstream model.
+    upstream = settings.VIDEO_THINKER == "upstream" and settings.VIDEO_UPSTREAM_MODEL
+    names.append(settings.VIDEO_UPSTREAM_MODEL if upstream else f"omniweb-video-{settings.VIDEO_THINKER}")
+    return [(name, "omniweb") for name in names]
+
+
+async def models(request: HttpRequest) -> HttpResponse:
+    try:
+        check_access(request, "GET")
+    except APIError as exc:
+        return error_response(exc)
+    response = JsonResponse(protocol.model_list(_served(), _STARTED))
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+async def model(request: HttpRequest, model_id: str) -> HttpResponse:
+    try:
+        check_access(request, "GET")
+        served = _served()
+        if model_id not in dict(served):
+            raise protocol.unknown_model(model_id, [name for name, _ in served])
+    except APIError as exc:
+        return error_response(exc)
+    response = JsonResponse(protocol.model_list([(model_id, "omniweb")], _STARTED)["data"][0])
+    response["Cache-Control"] = "no-store"
+    return response

@@ -1,0 +1,180 @@
+"""Audio containers written while the audio is still being synthesized (streamed HTTP bodies).
+
+``speech.protocol.encode_audio`` writes one finished sentence as one file (the WebSocket's file
+mode). A streamed body is one file for the whole request that grows as PCM arrives, so the encoder
+is incremental: ``feed(pcm)`` returns the container bytes ready so far, ``finish()`` the rest.
+
+- ``pcm``: the samples as they are (16-bit little-endian mono, 24 kHz).
+- ``wav``: a 44-byte header with an open length (RIFF and data sizes 0xFFFFFFFF, as streaming
+  servers write it: the length is not known when the header leaves), then the samples.
+- ``mp3``, ``opus`` (Ogg), ``aac`` (ADTS) and ``flac`` through FFmpeg's encoders (PyAV), into a
+  non-seekable sink, so nothing is patched at the end: a streamed FLAC's header says "length
+  unknown", Ogg pages are flushed every 20 ms of audio.
+
+Pure in-memory work (no sockets, no engine): the transport calls it in a thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import struct
+from dataclasses import dataclass
+
+import av
+import numpy as np
+
+SAMPLE_RATE = 24000
+STREAM_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+OPEN_LENGTH = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class _Codec:
+    container: str
+    codec: str
+    rate: int
+    options: dict[str, str]
+    bit_rate: int | None = None
+    # The encoder's input format when the PCM can be handed over as it is (same rate, mono planar
+    # = packed): no resampler, whose set-up would delay the first bytes by a few milliseconds.
+    sample_format: str | None = None
+
+
+# Opus runs at 48 kHz only (resampled); the others keep the voice's 24 kHz.
+_CODECS = {
+    "mp3": _Codec("mp3", "libmp3lame", SAMPLE_RATE, {}, 64_000, "s16p"),
+    "opus": _Codec("ogg", "libopus", 48_000, {"page_duration": "20000"}, 32_000),
+    "aac": _Codec("adts", "aac", SAMPLE_RATE, {}, 64_000, "fltp"),
+    "flac": _Codec("flac", "flac", SAMPLE_RATE, {}, None, "s16"),
+}
+
+# Samples an encoder takes in before it writes its first bytes (FFmpeg's frame size plus its
+# delay; measured, and pinned by tests/test_openai_protocol.py). pcm, wav and opus write at once.
+FIRST_BYTES_SAMPLES = {"mp3": 1800, "aac": 2100, "flac": 2400}
+
+CONTENT_TYPES = {
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg; codecs=opus",
+    "aac": "audio/aac",
+    "flac": "audio/flac",
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+}
+
+
+def open_wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:
+    """A canonical PCM16 mono WAV header whose RIFF and data lengths are 'unknown' (0xFFFFFFFF)."""
+    byte_rate = sample_rate * 2
+    return (
+        b"RIFF"
+        + struct.pack("<I", OPEN_LENGTH)
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, byte_rate, 2, 16)
+        + b"data"
+        + struct.pack("<I", OPEN_LENGTH)
+    )
+
+
+class _Sink(io.RawIOBase):
+    """A write-only, non-seekable file for FFmpeg's muxers: bytes are taken out as they come."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._parts: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        out = b"".join(self._parts)
+        self._parts.clear()
+        return out
+
+
+class StreamEncoder:
+    """One streamed file of ``response_format`` from 16-bit mono 24 kHz PCM fed in pieces."""
+
+    def __init__(self, response_format: str) -> None:
+        if response_format not in STREAM_FORMATS:
+            raise ValueError(f"unknown stream format {response_format!r}")
+        self.response_format = response_format
+        self.content_type = CONTENT_TYPES[response_format]
+        self._odd = b""  # a PCM byte left over from a piece of odd length
+        self._header = open_wav_header() if response_format == "wav" else b""
+        self._container = None
+        if response_format in _CODECS:
+            spec = _CODECS[response_format]
+            self._sink = _Sink()
+            self._container = av.open(self._sink, "w", format=spec.container, options=spec.options)
+            self._stream = self._container.add_stream(spec.codec, rate=spec.rate, layout="mono")
+            if spec.bit_rate is not None:
+                self._stream.bit_rate = spec.bit_rate
+            self._format = spec.sample_format
+            self._resampler = None
+            if self._format is not None:
+                self._stream.codec_context.format = self._format
+            else:
+                fmt = self._stream.codec_context.format
+                self._resampler = av.AudioResampler(format=fmt.name if fmt else "s16", layout="mono", rate=spec.rate)
+            self._pts = 0
+
+    def header(self) -> bytes:
+        """Bytes that can leave before any audio (the WAV header; nothing for the other formats)."""
+        out, self._header = self._header, b""
+        return out
+
+    def feed(self, pcm: bytes) -> bytes:
+        data = self._odd + pcm
+        usable = len(data) - len(data) % 2
+        self._odd = data[usable:]
+        data = data[:usable]
+        if self._container is None:
+            return self.header() + data
+        if data:
+            self._encode(np.frombuffer(data, dtype="<i2"))
+        return self._sink.take()
+
+    def finish(self) -> bytes:
+        """The end of the file: the encoders' delayed frames and the container's trailer."""
+        if self._container is None:
+            return self.header()
+        if self._resampler is not None:
+            for frame in self._resampler.resample(None):
+                self._mux(frame)
+        for packet in self._stream.encode(None):
+            self._container.mux(packet)
+        self._container.close()
+        return self._sink.take()
+
+    def close(self) -> None:
+        """Drop an unfinished stream (the client went away): frees FFmpeg's state at once."""
+        if self._container is not None:
+            with contextlib.suppress(Exception):  # a half-written container may refuse its trailer
+                self._container.close()
+            self._container = None
+
+    def _encode(self, samples: np.ndarray) -> None:
+        if self._resampler is None:
+            data = samples.astype(np.float32) / 32768.0 if self._format == "fltp" else samples
+            frame = av.AudioFrame.from_ndarray(data.reshape(1, -1), format=self._format, layout="mono")
+            frame.sample_rate = SAMPLE_RATE
+            frame.pts = self._pts
+            self._pts += samples.size
+            self._mux(frame)
+            return
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = SAMPLE_RATE
+        for out in self._resampler.resample(frame):
+            self._mux(out)
+
+    def _mux(self, frame: object) -> None:
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)

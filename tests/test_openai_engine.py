@@ -1,0 +1,60 @@
+"""The OpenAI API's views on both dispatch paths: the embedded engine and Redis workers.
+
+In-process (Django's ``AsyncClient``, no server): the views submit to ``get_engine_client()``, so
+on the ``redis`` path the speech and the ``audio.transcribe`` pipeline run on two real
+``manage.py runworker`` processes. What a live server adds (chunked bodies, disconnects, the SDK)
+is in test_openai_api.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import av
+import pytest
+from django.test import AsyncClient
+
+FOX = "The quick brown fox jumps over the lazy dog."
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z']+", text.lower())
+
+
+async def speech(fmt: str, text: str = FOX, **fields: object) -> tuple[int, bytes, dict[str, str]]:
+    body = {"model": "tts-1", "voice": "alloy", "input": text, "response_format": fmt, **fields}
+    response = await AsyncClient().post("/v1/audio/speech", json.dumps(body), content_type="application/json")
+    if not response.streaming:
+        return response.status_code, response.content, dict(response.headers)
+    data = b"".join([part async for part in response.streaming_content])
+    return response.status_code, data, dict(response.headers)
+
+
+async def test_speech_then_transcription_round_trip(engine):
+    status, mp3, headers = await speech("mp3", FOX + " " + FOX)
+    assert status == 200 and headers["Content-Type"] == "audio/mpeg"
+    with av.open(io.BytesIO(mp3)) as container:
+        assert sum(f.samples for f in container.decode(audio=0)) / 24000 > 4.0
+    upload = io.BytesIO(mp3)
+    upload.name = "fox.mp3"
+    form = {"model": "whisper-1", "response_format": "verbose_json", "timestamp_granularities[]": ["word"]}
+    response = await AsyncClient().post("/v1/audio/transcriptions", {**form, "file": upload})
+    assert response.status_code == 200, response.content
+    result = json.loads(response.content)
+    assert words(result["text"]) == words(FOX) * 2
+    assert [w["word"].lower().strip(".,") for w in result["words"]] == words(FOX) * 2
+
+
+async def test_sse_speech_on_both_paths(engine):
+    status, body, headers = await speech("pcm", stream_format="sse")
+    assert status == 200 and headers["Content-Type"] == "text/event-stream"
+    events = [json.loads(line.removeprefix("data: ")) for line in body.decode().split("\n\n") if line]
+    assert events[-1]["type"] == "speech.audio.done" and len(events) > 2
+
+
+@pytest.mark.parametrize("method", ["get", "put"])
+async def test_wrong_method_is_an_openai_shaped_405(method):
+    response = await getattr(AsyncClient(), method)("/v1/audio/speech")
+    assert response.status_code == 405 and json.loads(response.content)["error"]["code"] == "method_not_allowed"
