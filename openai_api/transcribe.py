@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from omniweb.engine.contracts import DONE, Done, ResourceEstimate, ShapeSignature, StepResult, Waiting, WorkPlan
+from omniweb.engine.contracts import DONE, Done, ShapeSignature, StepResult, Waiting, WorkPlan
 from video.asr import SAMPLE_RATE, SILENCE_RMS, Transcriber, pcm16_to_float, shared_transcriber
 
 PIPELINE = "audio.transcribe"
@@ -105,7 +105,6 @@ class TranscribeLoop:
         return WorkPlan(
             kind="asr",
             shape=ShapeSignature("asr.transcribe"),
-            estimate=ResourceEstimate(compute_seconds=0.05 + SEGMENT_SECONDS * 0.02),
             run=run,
             label="transcriber.segment",
         )
