@@ -172,9 +172,9 @@ def test_no_talker_step_grows_with_an_unpunctuated_sentence(pipeline, monkeypatc
     seen: list[str] = []
     talk = pipeline.talker.talk
 
-    def spy(voice, index, text, *args):
+    def spy(voice, index, text, *args, **kwargs):
         seen.append(text)
-        return talk(voice, index, text, *args)
+        return talk(voice, index, text, *args, **kwargs)
 
     monkeypatch.setattr(pipeline.talker, "talk", spy)
     text = " ".join(["blue"] * 800)

@@ -326,7 +326,7 @@ async def test_both_engine_modes_refuse_the_same_oversize_request():
     redis = ChannelEngineClient(None, "omniweb-engine", lease=3, accept_timeout=5, redis_url="redis://unused")
     for client in (local, redis):
         chunks = [chunk async for chunk in client.stream(request)]
-        assert chunks == [{"type": "end", "status": "invalid", "message": REQUEST_TOO_LARGE}]
+        assert chunks == [{"type": "end", "status": "invalid", "kind": "client_error", "message": REQUEST_TOO_LARGE}]
 
 
 async def test_sends_after_the_client_left_are_dropped_quietly():
