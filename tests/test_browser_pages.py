@@ -618,7 +618,9 @@ def test_video_states_listening_and_thinking(page, base_url):
 
 
 def test_video_answer_is_visible_without_scrolling_on_a_phone(browser, base_url):
-    context = browser.new_context(viewport={"width": 360, "height": 740}, is_mobile=True, has_touch=True)
+    context = browser.new_context(
+        viewport={"width": 360, "height": 740}, is_mobile=True, has_touch=True, bypass_csp=True
+    )
     try:
         pg = context.new_page()
         start_camera(pg, base_url)
