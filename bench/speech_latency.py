@@ -697,18 +697,19 @@ def load_average() -> str:
         return "n/a"
 
 
+def target(args: argparse.Namespace) -> tuple[Server | None, int | None, str]:
+    """The server to measure: ``--url`` (with ``--server-pid`` for its CPU), else one started here."""
+    if args.url:
+        return None, args.server_pid, endpoint(args.url)
+    log_path = Path(args.log) if args.log else Path(tempfile.mkstemp(prefix="omniweb-bench-", suffix=".log")[1])
+    server = Server(free_port(), log_path)
+    return server, server.proc.pid, server.url
+
+
 async def run_burst(args: argparse.Namespace) -> int:
     """Only the burst: floor, ``rounds`` bursts of ``sessions`` flushing ``BURST_TEXT``, floor again."""
     sessions, rounds = args.burst_sessions, args.burst_rounds
-    server: Server | None = None
-    server_pid: int | None = args.server_pid
-    if args.url:
-        url = endpoint(args.url)
-    else:
-        log_path = Path(args.log) if args.log else Path(tempfile.mkstemp(prefix="omniweb-bench-", suffix=".log")[1])
-        server = Server(free_port(), log_path)
-        server_pid = server.proc.pid
-        url = server.url
+    server, server_pid, url = target(args)
     levels: list[Level] = []
     try:
         if server is not None:
@@ -986,15 +987,7 @@ async def run(args: argparse.Namespace) -> int:
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     n1, n2, warm = (8, 4, 2) if args.quick else (30, 15, 3)
 
-    server: Server | None = None
-    server_pid: int | None = args.server_pid
-    if args.url:
-        url = endpoint(args.url)
-    else:
-        log_path = Path(args.log) if args.log else Path(tempfile.mkstemp(prefix="omniweb-bench-", suffix=".log")[1])
-        server = Server(free_port(), log_path)
-        server_pid = server.proc.pid
-        url = server.url
+    server, server_pid, url = target(args)
     try:
         print(f"server: {'existing ' + url if args.url else f'pid {server.proc.pid} at {url}'}", file=sys.stderr)
         if server is not None:

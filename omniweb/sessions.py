@@ -21,7 +21,7 @@ from django.conf import settings
 from omniweb import metrics
 from omniweb.errors import ErrorKind
 from omniweb.protocol import dumps, error
-from omniweb.transport import SendWatch, client_stalled
+from omniweb.transport import SendWatch
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +60,6 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await self.fail(message)
         else:
             await self.send_json(error(message))
-
-    def client_stalled(self) -> bool:
-        """True when the transport holds more unsent bytes than a session may queue (see transport.py)."""
-        return self.send_stalled or client_stalled(self.scope, settings.SESSION_SEND_BUFFER_MAX)
 
     # Set once a send found the client not reading; the session has then been failed and closed.
     send_stalled = False
