@@ -1,13 +1,17 @@
 #!/usr/bin/env python
 """Hostile clients against one server, with a canary session whose first audio must stay normal.
 
-Starts its own server (``manage.py runserver`` on a free loopback port, the README's command) and
+Starts its own server (``manage.py runserver`` on a free loopback port, the README's command; with
+``--redis`` the Redis-mode deploy instead: a throwaway ``redis-server``, one ``deploy/daphne.sh`` and
+one ``deploy/worker.sh``, all on free loopback ports, as tests/test_deploy_stack.py starts them) and
 runs each attack class of issue #11 in turn, bounded (a few messages each), printing per class what
 the client saw and what it cost the server: RSS growth, CPU the server kept burning after the
-attacker left, log lines written, and the canary's time to first audio while the attack runs.
+attacker left, log lines written, and the canary's time to first audio while the attack runs. In
+Redis mode RSS and CPU are those of daphne and the worker together, and the log is theirs together.
 
     python bench/soak.py                # every class
     python bench/soak.py long_text nan  # some classes
+    python bench/soak.py --redis        # every class against daphne + runworker + redis-server
 """
 
 from __future__ import annotations
@@ -42,13 +46,16 @@ JPEG_B64 = (
 )
 
 
-def proc_stats(pid: int) -> tuple[int, float]:
-    """(RSS in kB, CPU seconds) of the server process."""
-    with open(f"/proc/{pid}/status") as f:
-        rss = int(f.read().split("VmRSS:")[1].split()[0])
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return rss, (int(fields[11]) + int(fields[12])) / TICK
+def proc_stats(pids: tuple[int, ...]) -> tuple[int, float]:
+    """(RSS in kB, CPU seconds) of the server's processes together."""
+    rss, cpu = 0, 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/status") as f:
+            rss += int(f.read().split("VmRSS:")[1].split()[0])
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        cpu += (int(fields[11]) + int(fields[12])) / TICK
+    return rss, cpu
 
 
 async def canary(url: str) -> float:
@@ -100,9 +107,9 @@ def summary(msgs: list[Any], ws: Any) -> str:
 # -- attack classes -------------------------------------------------------------------------------
 
 
-async def long_text(url: str, pid: int) -> str:
+async def long_text(url: str, pids: tuple[int, ...]) -> str:
     """4,000 unpunctuated characters; leave after the first audio byte; what does the server keep doing?"""
-    rss0, _ = proc_stats(pid)
+    rss0, _ = proc_stats(pids)
     peak = rss0
     t0 = time.monotonic()
     async with websockets.connect(url + SPEECH, max_size=None) as ws:
@@ -112,21 +119,21 @@ async def long_text(url: str, pid: int) -> str:
         first = None
         while first is None:
             msg = await asyncio.wait_for(ws.recv(), 300)
-            peak = max(peak, proc_stats(pid)[0])
+            peak = max(peak, proc_stats(pids)[0])
             if isinstance(msg, bytes):
                 first = time.monotonic() - t0
-    _, cpu_left = proc_stats(pid)
+    _, cpu_left = proc_stats(pids)
     for _ in range(20):  # 10 s after the client left
         await asyncio.sleep(0.5)
-        peak = max(peak, proc_stats(pid)[0])
-    _, cpu1 = proc_stats(pid)
+        peak = max(peak, proc_stats(pids)[0])
+    _, cpu1 = proc_stats(pids)
     return (
         f"first audio {first:.2f} s; RSS peak +{(peak - rss0) / 1024:.0f} MB; "
         f"CPU after the client left (10 s window) {cpu1 - cpu_left:.1f} s"
     )
 
 
-async def huge_int(url: str, pid: int) -> str:
+async def huge_int(url: str, pids: tuple[int, ...]) -> str:
     """A JSON integer over Python's 4300-digit limit, first idle, then while an utterance plays."""
     big = "9" * 5000
     async with websockets.connect(url + SPEECH, max_size=None) as ws:
@@ -150,7 +157,7 @@ async def huge_int(url: str, pid: int) -> str:
     return f"idle: {idle} | mid-utterance: {held}; spoken in order {spoken == sent} ({spoken})"
 
 
-async def nan(url: str, pid: int) -> str:
+async def nan(url: str, pids: tuple[int, ...]) -> str:
     """Frames with NaN / Infinity / 1e308 timestamps, then a question."""
     parts = []
     for value in ("NaN", "Infinity", "1e308"):
@@ -165,7 +172,7 @@ async def nan(url: str, pid: int) -> str:
     return " | ".join(parts)
 
 
-async def unknown_path(url: str, pid: int, log: Any) -> str:
+async def unknown_path(url: str, pids: tuple[int, ...], log: Any) -> str:
     """Ten handshakes on a path no route serves: the status and the log lines they cost."""
     log.seek(0, 2)
     before = log.tell()
@@ -184,7 +191,7 @@ async def unknown_path(url: str, pid: int, log: Any) -> str:
     return f"statuses {sorted(set(statuses))}; {written} log lines for 10 attempts"
 
 
-async def echo(url: str, pid: int) -> str:
+async def echo(url: str, pids: tuple[int, ...]) -> str:
     """An unknown type 120 KiB long (speech) and 1 MiB long (video): how much of it comes back?"""
     async with websockets.connect(url + SPEECH, max_size=None) as ws:
         await ws.send(json.dumps({"type": "session.config"}))
@@ -197,7 +204,7 @@ async def echo(url: str, pid: int) -> str:
     return f"speech: {speech} | video: {video}"
 
 
-async def leave_mid_turn(url: str, pid: int, log: Any) -> str:
+async def leave_mid_turn(url: str, pids: tuple[int, ...], log: Any) -> str:
     """Clients that leave while their utterance streams: 'never retrieved' lines in the log."""
     log.seek(0, 2)
     before = log.tell()
@@ -253,11 +260,11 @@ async def wav_canary(url: str) -> float:
         return float("nan")
 
 
-async def jpeg_bomb(url: str, pid: int) -> str:
+async def jpeg_bomb(url: str, pids: tuple[int, ...]) -> str:
     """Seven sessions send one scan-bomb frame each (more decodes than the default thread pool has
     threads); a WAV session then asks for audio. Server CPU and the WAV's wait."""
     bomb = scan_bomb(1200)
-    _, cpu0 = proc_stats(pid)
+    _, cpu0 = proc_stats(pids)
     sockets = []
     replies = []
     for i in range(7):
@@ -272,10 +279,10 @@ async def jpeg_bomb(url: str, pid: int) -> str:
         await ws.close()
     idle = 0
     while idle < 3:  # until the server's CPU stops climbing (abandoned decodes finish or never ran)
-        _, before = proc_stats(pid)
+        _, before = proc_stats(pids)
         await asyncio.sleep(1)
-        idle = idle + 1 if proc_stats(pid)[1] - before < 0.2 else 0
-    _, cpu1 = proc_stats(pid)
+        idle = idle + 1 if proc_stats(pids)[1] - before < 0.2 else 0
+    _, cpu1 = proc_stats(pids)
     kinds = sorted({json.loads(r).get("type") + ":" + str(json.loads(r).get("message", ""))[:40] for r in replies})
     return (
         f"{len(bomb) * 3 // 4 // 1024} KB frames; replies {kinds}; WAV first audio behind them {wav:.2f} s; "
@@ -283,7 +290,7 @@ async def jpeg_bomb(url: str, pid: int) -> str:
     )
 
 
-async def not_reading(url: str, pid: int, log: Any) -> str:
+async def not_reading(url: str, pids: tuple[int, ...], log: Any) -> str:
     """A raw client flushes a long text and never reads: when does the server end the session?"""
     import base64
     import socket
@@ -343,12 +350,12 @@ ATTACKS: dict[str, Callable[..., Awaitable[str]]] = {
 NEEDS_LOG = {"unknown_path", "leave_mid_turn", "not_reading"}
 
 
-async def run(names: list[str], url: str, pid: int, log: Any) -> None:
+async def run(names: list[str], url: str, pids: tuple[int, ...], log: Any) -> None:
     base = [await canary(url) for _ in range(3)]
     print(f"canary first audio, idle server: {', '.join(f'{b:.3f}' for b in base)} s", flush=True)
     for name in names:
         attack = ATTACKS[name]
-        args = (url, pid, log) if name in NEEDS_LOG else (url, pid)
+        args = (url, pids, log) if name in NEEDS_LOG else (url, pids)
         task = asyncio.ensure_future(attack(*args))
         await asyncio.sleep(0.3)
         try:
@@ -362,40 +369,72 @@ async def run(names: list[str], url: str, pid: int, log: Any) -> None:
         print(f"{name}: {result}; canary first audio during it {during}", flush=True)
 
 
+Procs = list[subprocess.Popen[bytes]]
+
+
+def wait_ready(port: int, ready: Callable[[dict[str, Any]], bool], procs: Procs, log: Any) -> None:
+    """Until /healthz says the engine can serve (its models loaded: embedded, or a worker up)."""
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+                if ready(json.loads(resp.read())["engine"]):
+                    return
+        except (OSError, ValueError, KeyError, urllib.error.URLError):
+            pass
+        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+            log.seek(0)
+            sys.exit(f"server did not start:\n{log.read().decode(errors='replace')}")
+        time.sleep(0.3)
+
+
+def start_embedded(port: int, env: dict[str, str], log: Any) -> Procs:
+    """The README's server: ``manage.py runserver``, the engine in the same process."""
+    cmd = [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"]
+    server = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wait_ready(port, lambda engine: engine["local_started"], [server], log)
+    return [server]
+
+
+def start_redis_mode(port: int, env: dict[str, str], log: Any, data_dir: str) -> Procs:
+    """redis-server, one engine worker and one daphne, as docs/deploy.md runs them (no nginx)."""
+    redis_port = free_port()
+    env.update(
+        OMNIWEB_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
+        OMNIWEB_SECRET_KEY=os.urandom(24).hex(),  # one key for both processes (not the example one)
+        OMNIWEB_PYTHON=sys.executable,
+    )
+    redis_cmd = ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    procs = [subprocess.Popen([*redis_cmd, "--dir", data_dir], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)]
+    for cmd in (["bash", "deploy/worker.sh"], ["bash", "deploy/daphne.sh", str(port)]):
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
+    wait_ready(port, lambda engine: engine["workers_up"] >= 1, procs, log)
+    return procs
+
+
 def main() -> None:
-    names = sys.argv[1:] or list(ATTACKS)
+    redis_mode = "--redis" in sys.argv[1:]
+    names = [a for a in sys.argv[1:] if a != "--redis"] or list(ATTACKS)
     port = free_port()
     url = f"ws://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {k: v for k, v in os.environ.items() if not (redis_mode and k.startswith("OMNIWEB_"))}
+    env["PYTHONUNBUFFERED"] = "1"
     env.pop("OMNIWEB_ENGINE_MAX_AHEAD_SECONDS", None)  # the README's server: default pacing
-    with tempfile.TemporaryFile() as log:
-        server = subprocess.Popen(
-            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    print(f"mode: {'redis (daphne + runworker + redis-server)' if redis_mode else 'embedded (runserver)'}", flush=True)
+    procs: Procs = []
+    with tempfile.TemporaryFile() as log, tempfile.TemporaryDirectory() as data_dir:
         try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
-                        if json.loads(resp.read())["engine"]["local_started"]:
-                            break
-                except (OSError, ValueError, KeyError, urllib.error.URLError):
-                    pass
-                if server.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    sys.exit(f"server did not start:\n{log.read().decode(errors='replace')}")
-                time.sleep(0.3)
-            asyncio.run(run(names, url, server.pid, log))
+            procs = start_redis_mode(port, env, log, data_dir) if redis_mode else start_embedded(port, env, log)
+            servers = tuple(p.pid for p in procs[1:]) if redis_mode else (procs[0].pid,)  # not redis-server
+            asyncio.run(run(names, url, servers, log))
         finally:
-            server.terminate()
-            try:
-                server.wait(10)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            for proc in reversed(procs):
+                proc.terminate()
+            for proc in reversed(procs):
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
 
 
 if __name__ == "__main__":
