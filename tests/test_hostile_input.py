@@ -347,3 +347,48 @@ async def test_sends_after_the_client_left_are_dropped_quietly():
     await consumer.send(bytes_data=b"\0\0")
     await consumer.send_json({"type": "audio.done"})  # no second attempt, no exception
     assert consumer.client_gone and len(sent) == 1
+
+
+@LOCAL
+async def test_a_decode_whose_session_has_gone_never_runs_and_lets_go_of_its_frame(connect, monkeypatch):
+    """A decode queued behind others' slow decodes, its session closed: dropped at once, never run."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from video import decoding, frames
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="frame-decode")
+    monkeypatch.setattr(decoding, "_pool", pool)  # one thread, held by the slow decode below
+    unblock, started = threading.Event(), threading.Event()
+    prepare = frames.prepare_frame
+    decoded: list[int] = []
+
+    def slow(text, **kwargs):
+        if len(text) == len(b64(slow_frame)):
+            started.set()
+            unblock.wait(30)  # a slow decode of another session holds the pool's only thread
+        decoded.append(len(text))
+        return prepare(text, **kwargs)
+
+    monkeypatch.setattr(frames, "prepare_frame", slow)
+    slow_frame, gone_frame = jpeg(width=320, height=240), jpeg(width=640, height=480)
+    busy = await video(connect, modalities=["text"], enable_frame_filter=False)
+    leaving = await video(connect, modalities=["text"], enable_frame_filter=False)
+    try:
+        await frame(busy, slow_frame, "slow")
+        assert await asyncio.to_thread(started.wait, 10)
+        await frame(leaving, gone_frame, "gone")
+        for _ in range(200):
+            if decoding.waiting() == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert decoding.waiting() == 1  # the leaving session's decode waits, holding its frame
+        await leaving.disconnect()
+        assert decoding.waiting() == 0  # let go at once, while the pool is still busy
+    finally:
+        unblock.set()
+    assert (await receive_json(busy))["accepted"]
+    await sync(busy)
+    await asyncio.to_thread(pool.shutdown)
+    assert decoded == [len(b64(slow_frame))]  # the closed session's frame was never decoded
+    await busy.disconnect()

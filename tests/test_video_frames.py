@@ -218,3 +218,17 @@ def test_the_seed_default_drops_real_changes() -> None:
 )
 def test_sampling_is_a_stride_plus_the_newest(count: int, num: int, expected: list[int]) -> None:
     assert frames.sample_indices(count, num) == expected
+
+
+@pytest.mark.parametrize("size", [(1920, 1080), (1280, 720), (640, 480), (320, 240)])
+def test_the_engine_picture_is_at_most_the_analysis_width_and_matches_a_full_decode(size: tuple[int, int]) -> None:
+    """A large JPEG decodes at a reduced DCT scale, with the same picture as a full decode, scaled."""
+    data = shoot(cv2.resize(with_person(room(), 320, 170), size), np.random.default_rng(0))
+    picture = frames.decode_picture(data)
+    width = min(size[0], frames.PICTURE_WIDTH)
+    assert picture.shape == (round(size[1] * width / size[0]), width, 3)
+    full = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    full = cv2.resize(full, (width, picture.shape[0]), interpolation=cv2.INTER_AREA)
+    assert frames.similarity(picture, full) > 0.999
+    with pytest.raises(FrameError, match="Frame decode failed"):
+        frames.decode_picture(data[:-40])

@@ -6,8 +6,9 @@ inbox. One processor task takes the inbox in order, with one handler per message
 audio and queries keep their arrival order while the reader stays free.
 
 Frames are checked on the acknowledgement path on the decode pool (video/decoding.py): strict
-base64, JPEG/PNG header, pixel budget, JPEG scan count, the similarity thumbnail; then fully decoded
-ahead of time by the session's decoder task, also on that pool. A frame that does not decode is
+base64, JPEG/PNG header, pixel budget, JPEG scan count, the similarity thumbnail (a decode, which
+proves the frame decodes); without the filter, decoded ahead of time by the session's decoder task,
+also on that pool (once per frame either way: video/frames.py). A frame that does not decode is
 removed from the buffer and reported; a turn waits for its frames' decodes, so the thinker only ever
 gets frames known to decode.
 
@@ -259,7 +260,7 @@ class VideoStreamConsumer(SessionConsumer):
             await self.send_json(protocol.error(process_budget.FULL_MESSAGE))
             return
         self.buffered_bytes += len(prepared.data)
-        frame = _Frame(data=prepared.data, meta=protocol.frame_metadata(msg, received_ms))
+        frame = _Frame(data=prepared.data, meta=protocol.frame_metadata(msg, received_ms), ok=prepared.decoded)
         self.frames.append(frame)
         await self._send_ack(msg, accepted=True, received_ms=received_ms, dropped_frame_id=dropped_id)
         self.decode_queue.append(frame)
@@ -362,7 +363,8 @@ class VideoStreamConsumer(SessionConsumer):
             if frame not in self.frames and (turn is None or frame not in turn.snapshot):
                 frame.settled.set()  # left the buffer unseen: no turn will ever wait for it
                 continue
-            frame.ok = await run_decode(frames.verify_decodes, frame.data)
+            if frame.ok is None:  # not decoded yet (no filter thumbnail): once, at the cheapest scale
+                frame.ok = await run_decode(frames.verify_decodes, frame.data)
             frame.settled.set()
             if not frame.ok:
                 logger.info("a buffered frame (%d bytes) did not decode", len(frame.data))

@@ -1,7 +1,15 @@
 """Video frames: strict base64, header checks, decoding, thumbnails, the similarity filter, sampling.
 
 Pure functions over bytes and numpy arrays (no sockets, no event loop); the consumer runs the
-costly ones (``prepare_frame``, ``verify_decodes``) in a thread.
+costly ones (``prepare_frame``, ``verify_decodes``) on the decode pool (video/decoding.py), the
+engine ``decode_picture`` for the frames it samples.
+
+Each frame is decoded once on the transport side, at a reduced scale: for the filter's thumbnail
+on the acknowledgement path (which also proves it decodes), or, with the filter off, at 1/8 scale
+ahead of any turn, only to find a frame that does not decode and report it. The engine decodes the
+few frames a turn samples (at most 8 are analysed) at its analysis width. The transport does not
+keep decoded pictures for the engine, in either mode: at 640x480 a picture is ~20 times its JPEG
+(921 KB against ~40 KB), and a session buffers up to ``max_frames`` frames for the few a turn uses.
 
 The similarity (EVS) filter compares a small colour thumbnail of each frame with the thumbnail of
 the last frame it retained: ``similarity = 1 - MSE / 255**2`` over the thumbnail's 8-bit BGR
@@ -65,6 +73,11 @@ class PreparedFrame:
     data: bytes
     header: ImageHeader
     thumbnail: np.ndarray | None
+
+    @property
+    def decoded(self) -> bool | None:
+        """True when making the thumbnail proved the frame decodes; None when not known yet."""
+        return True if self.thumbnail is not None else None
 
 
 def decode_base64_strict(text: str) -> bytes:
@@ -170,14 +183,20 @@ def check_pixels(header: ImageHeader, max_pixels: int) -> None:
         )
 
 
-def _reduced_flag(header: ImageHeader) -> int:
-    """The largest JPEG DCT scaling that still leaves at least twice the thumbnail's size."""
+def _reduced_flag(header: ImageHeader, width: int = 2 * THUMB_WIDTH, height: int = 2 * THUMB_HEIGHT) -> int:
+    """The largest JPEG DCT scaling (1/8, 1/4, 1/2) that still leaves at least ``width`` x ``height``.
+
+    libjpeg then runs a scaled inverse DCT: the same entropy decoding (so the same failures on a
+    broken frame) for a fraction of the rest of the work.
+    """
     if header.format == "jpeg":
-        for factor, flag in ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4)):
-            if header.width >= factor * THUMB_WIDTH * 2 and header.height >= factor * THUMB_HEIGHT * 2:
+        for factor, flag in (
+            (8, cv2.IMREAD_REDUCED_COLOR_8),
+            (4, cv2.IMREAD_REDUCED_COLOR_4),
+            (2, cv2.IMREAD_REDUCED_COLOR_2),
+        ):
+            if header.width >= factor * width and header.height >= factor * height:
                 return flag
-        if header.width >= 2 * THUMB_WIDTH * 2 and header.height >= 2 * THUMB_HEIGHT * 2:
-            return cv2.IMREAD_REDUCED_COLOR_2
     return cv2.IMREAD_COLOR
 
 
@@ -195,7 +214,11 @@ def thumbnail(data: bytes, header: ImageHeader) -> np.ndarray:
 
 
 def prepare_frame(text: str, *, max_pixels: int, with_thumbnail: bool) -> PreparedFrame:
-    """Everything a ``video.frame`` needs before its acknowledgement (run in a thread)."""
+    """Everything a ``video.frame`` needs before its acknowledgement (run in a thread).
+
+    With the thumbnail the frame has been decoded (at a reduced scale), which is also the proof
+    that it decodes: ``PreparedFrame.decoded``, and it is not decoded again on the transport side.
+    """
     data = decode_base64_strict(text)
     header = read_header(data)
     check_pixels(header, max_pixels)
@@ -210,12 +233,32 @@ def prepare_frame(text: str, *, max_pixels: int, with_thumbnail: bool) -> Prepar
 
 
 def verify_decodes(data: bytes) -> bool:
-    """Full decode, as the thinker will do it: False for a frame no decoder can read."""
+    """False for a frame no decoder can read, found at the cheapest scale (1/8 for a JPEG), since
+    only the answer is kept: the engine decodes the frames it samples itself (``decode_picture``)."""
     try:
-        _imdecode(data, cv2.IMREAD_COLOR)
+        _imdecode(data, _reduced_flag(read_header(data), 1, 1))
     except FrameError:
         return False
     return True
+
+
+# The engine analyses frames at up to this width (video/engine/scene.py): the perception models
+# and the measures all look at the picture scaled to it.
+PICTURE_WIDTH = 640
+
+
+def decode_picture(data: bytes) -> np.ndarray:
+    """A frame as the engine analyses it: BGR, at most ``PICTURE_WIDTH`` wide.
+
+    A JPEG at least twice that wide is decoded at a reduced DCT scale first (a 1280x720 frame
+    costs about half a full decode); raises ``FrameError`` for a frame that does not decode.
+    """
+    header = read_header(data)
+    image = _imdecode(data, _reduced_flag(header, PICTURE_WIDTH, 1))
+    h, w = image.shape[:2]
+    if w <= PICTURE_WIDTH:
+        return image
+    return cv2.resize(image, (PICTURE_WIDTH, max(1, round(h * PICTURE_WIDTH / w))), interpolation=cv2.INTER_AREA)
 
 
 def similarity(a: np.ndarray, b: np.ndarray) -> float:

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
+from ..frames import FrameError, decode_picture
 from .perception import MODELS, PEOPLE_MODELS, Observations, Perception
 from .perception.types import Face, horizontal, vertical
 
 __all__ = ["Face", "FrameStats", "Motion", "Scene", "analyse", "horizontal"]
 
-ANALYSIS_WIDTH = 640  # the models see the frame at up to this width
 THUMB_SIZE = (80, 60)  # colours and motion are measured on thumbnails this size
 REGION_SIZE = (160, 120)  # coloured regions are located at this size
 MAX_ANALYSED_FRAMES = 8  # more sampled frames than this: evenly spaced ones, always with the last
@@ -127,11 +127,11 @@ def analyse(
     kept_pts: list[float | None] = []
     unreadable = 0
     for i in pick(len(frames)):
-        img = cv2.imdecode(np.frombuffer(frames[i], np.uint8), cv2.IMREAD_COLOR)
-        if img is None or img.size == 0:
+        try:  # at the analysis width (video.frames.PICTURE_WIDTH), a large JPEG at a reduced DCT scale
+            images.append(decode_picture(frames[i]))
+        except FrameError:
             unreadable += 1
             continue
-        images.append(_resize_to_width(img, ANALYSIS_WIDTH))
         kept_pts.append(pts_ms[i] if pts_ms is not None and i < len(pts_ms) else None)
     thumbs = [cv2.resize(img, THUMB_SIZE, interpolation=cv2.INTER_AREA) for img in images]
     return Scene(
