@@ -18,10 +18,10 @@ from autobahn.exception import Disconnected
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from omniweb import metrics
+from omniweb import budget, metrics
 from omniweb.errors import ErrorKind
 from omniweb.protocol import dumps, error
-from omniweb.transport import SendWatch
+from omniweb.transport import SCOPE_KEY, SendWatch
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
             return
         if close or self.send_stalled:
             return
+        if not self._hold_queued_replies():
+            self.send_stalled = True
+            logger.warning("closing a session whose client is behind while the memory budget is spent")
+            await self.fail(budget.REPLIES_FULL_MESSAGE, ErrorKind.STALLED)
+            return
         if self._send_watch is None:
             self._send_watch = SendWatch(
                 self.scope,
@@ -93,6 +98,30 @@ class SessionConsumer(AsyncWebsocketConsumer):
         self.send_stalled = True
         logger.warning("closing a session whose client stopped reading (%s)", reason)
         await self.fail(f"Client is not reading: {reason}; session closed", ErrorKind.STALLED)
+
+    _share: budget.SessionShare | None = None
+
+    @property
+    def budget_share(self) -> budget.SessionShare:
+        """What this session holds in the process-wide budget (omniweb/budget.py), freed at disconnect."""
+        if self._share is None:
+            self._share = budget.SessionShare()
+        return self._share
+
+    def _hold_queued_replies(self) -> bool:
+        """The bytes daphne holds for this client count against the process budget (issue #11)."""
+        probe = self.scope.get(SCOPE_KEY)
+        queued = probe() if probe is not None else None
+        if queued is None:  # another server than daphne: nothing to measure
+            return True
+        return self.budget_share.hold("replies", queued, force=queued <= budget.REPLIES_SLACK)
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        try:
+            await super().websocket_disconnect(message)
+        finally:
+            if self._share is not None:
+                self._share.close()
 
     async def send_json(self, payload: dict[str, Any]) -> None:
         metrics.count_error_message(payload)  # ops: omniweb_errors_total for every `error` sent

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 
-from omniweb import metrics  # ops instrumentation: time to first audio
+from omniweb import budget, metrics  # metrics: ops instrumentation (time to first audio)
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
 from omniweb.errors import ErrorKind, end_kind
@@ -94,6 +94,7 @@ class _Utterance:
     rng_state: str | None = None  # the seeded noise where the previous request left it
     first_audio_at: float | None = None
     media_seconds: float = 0.0  # audio (or codes) sent, in seconds of playback
+    refused: str | None = None  # why the process budget refused the audio of a file (omniweb/budget.py)
 
 
 class SpeechStreamConsumer(SessionConsumer):
@@ -173,6 +174,9 @@ class SpeechStreamConsumer(SessionConsumer):
             if len(self.pending) >= MAX_PENDING_MESSAGES or self.pending_bytes + size > MAX_PENDING_BYTES:
                 await self.fail("Too many messages queued while audio is being generated")
                 return
+            if not self.budget_share.hold("held messages", self.pending_bytes + size):
+                await self.fail(budget.HELD_FULL_MESSAGE, ErrorKind.CAPACITY)
+                return
             self.pending.append((text_data, bytes_data))
             self.pending_bytes += size
             return
@@ -225,6 +229,9 @@ class SpeechStreamConsumer(SessionConsumer):
                 )
             )
             return
+        if not self.budget_share.hold("text", self.text_chars + len(text)):  # all sessions together
+            await self.send_json(protocol.error(budget.TEXT_FULL_MESSAGE, kind=ErrorKind.CAPACITY))
+            return
         self.text_parts.append(text)
         self.text_chars += len(text)
         assert self.config is not None
@@ -263,6 +270,7 @@ class SpeechStreamConsumer(SessionConsumer):
         text = "".join(self.text_parts).strip()
         self.text_parts.clear()
         self.text_chars = 0
+        self.budget_share.hold("text", 0)
         config = self.config
         utt = self.utterance
         if utt is not None:  # speaking before the flush: the rest joins the utterance
@@ -396,6 +404,7 @@ class SpeechStreamConsumer(SessionConsumer):
             logger.exception("utterance %d failed", utt.index)
             await self._end_utterance(utt, config, failed=True, kind=ErrorKind.ENGINE)
         self.utterance = None
+        self.budget_share.hold("file audio", 0)
         self.utterance_index += 1
         if self.state is SessionState.CLOSED:
             return
@@ -403,6 +412,7 @@ class SpeechStreamConsumer(SessionConsumer):
             # Ended before the flush (cancelled or failed): what the client writes next is a new utterance.
             self.text_parts.clear()
             self.text_chars = 0
+            self.budget_share.hold("text", 0)
         self.state = SessionState.READY
         self.clock.touch()  # the idle clock restarts when the utterance ends
         await self._replay_pending()
@@ -436,6 +446,9 @@ class SpeechStreamConsumer(SessionConsumer):
                     if chunk["type"] == "end":
                         return await self._on_end(utt, config, chunk)
                     await self._on_chunk(utt, config, chunk)
+                    if utt.refused is not None:  # leaving the loop aborts the request
+                        await self._end_utterance(utt, config, failed=True, kind=ErrorKind.CAPACITY, reason=utt.refused)
+                        return "refused"
                     if self.send_stalled or self.client_gone:  # failed by a send, or gone (sessions.py)
                         return "stalled"  # leaving the loop closes the engine stream, which aborts the request
         finally:
@@ -472,6 +485,7 @@ class SpeechStreamConsumer(SessionConsumer):
             while self.pending and self.state in (SessionState.READY, SessionState.SPEAKING):
                 text_data, bytes_data = self.pending.popleft()
                 self.pending_bytes -= len(text_data if text_data is not None else bytes_data or b"")
+                self.budget_share.hold("held messages", self.pending_bytes)
                 await self.handle(text_data, bytes_data)
         finally:
             self.replaying = False
@@ -503,6 +517,7 @@ class SpeechStreamConsumer(SessionConsumer):
         if not config.stream_audio:
             blob = await asyncio.to_thread(protocol.encode_audio, b"".join(sentence.buffer), config.response_format)
             sentence.buffer.clear()
+            self.budget_share.hold("file audio", 0)
             sentence.sent_bytes = len(blob)
             await self.send(bytes_data=blob)
             utt.ttfa.audio_sent(stream=False)  # ops
@@ -525,6 +540,9 @@ class SpeechStreamConsumer(SessionConsumer):
     async def _on_audio(self, utt: _Utterance, sentence: _Sentence, config: SessionConfig, pcm: bytes) -> None:
         sentence.pcm_bytes += len(pcm)
         if not config.stream_audio:
+            if not self.budget_share.hold("file audio", sentence.pcm_bytes):  # all sessions together
+                utt.refused = budget.AUDIO_FULL_MESSAGE
+                return
             sentence.buffer.append(pcm)
             return
         self._played(utt, len(pcm) / protocol.BYTES_PER_SAMPLE / protocol.SAMPLE_RATE)
