@@ -177,8 +177,9 @@ VIDEO_CONFIG_TIMEOUT = env_float("VIDEO_CONFIG_TIMEOUT", 10.0)
 # Decompression-bomb guard: a frame whose header declares more pixels is refused before decoding.
 # 4096x4096 covers 4K cameras; one decode then needs at most 48 MiB.
 VIDEO_MAX_FRAME_PIXELS = env_int("VIDEO_MAX_FRAME_PIXELS", 4096 * 4096)
-# Bytes all sessions of one process may buffer together (frames, microphone audio): beyond it new
-# frames and audio are refused with an error (omniweb/budget.py). Per-session caps still apply.
+# Bytes all sessions of one process may hold together (frames, microphone audio, speech text, held
+# messages and file audio, replies queued for slow clients): beyond it new work is refused with an
+# error, or a client far behind is let go (omniweb/budget.py). Per-session caps still apply.
 PROCESS_BUFFER_BUDGET = env_int("PROCESS_BUFFER_BUDGET", 2 * 1024 * 1024 * 1024)
 # Threads of the frame decode pool (video/decoding.py): client frame decodes run there only.
 VIDEO_DECODE_THREADS = env_int("VIDEO_DECODE_THREADS", 2)
