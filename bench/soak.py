@@ -329,6 +329,38 @@ async def not_reading(url: str, pids: tuple[int, ...], log: Any) -> str:
     return how
 
 
+async def frame_cpu(url: str, pids: tuple[int, ...]) -> str:
+    """One video session sends 40 camera-like 1280x720 frames (the filter on, as by default), one
+    at a time, then asks a question: server CPU per buffered frame, and for the turn."""
+    import base64
+
+    from frame_decode import camera_frame  # this directory is on sys.path when run as a script
+
+    frames = [base64.b64encode(camera_frame(1280, 720, seed=i)).decode() for i in range(40)]
+    async with websockets.connect(url + VIDEO, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.config", "modalities": ["text"]}))
+        _, cpu0 = proc_stats(pids)
+        acks = []
+        for i, data in enumerate(frames):
+            t0 = time.monotonic()
+            await ws.send(json.dumps({"type": "video.frame", "frame_id": f"f{i}", "data": data}))
+            reply = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            acks.append(time.monotonic() - t0)
+            if reply.get("type") != "video.frame.ack":
+                return f"frame {i} answered {reply}"
+        await asyncio.sleep(1)  # the decoder task's work ahead of any turn, if any, is done
+        _, cpu1 = proc_stats(pids)
+        await ws.send(json.dumps({"type": "video.query", "text": "What do you see?"}))
+        while json.loads(await asyncio.wait_for(ws.recv(), 120)).get("type") != "response.text.done":
+            pass
+        _, cpu2 = proc_stats(pids)
+    acks.sort()
+    return (
+        f"server CPU per frame {1000 * (cpu1 - cpu0) / len(frames):.1f} ms (40 frames incl. 1 s idle); "
+        f"ack median {1000 * acks[len(acks) // 2]:.1f} ms; turn CPU {1000 * (cpu2 - cpu1):.0f} ms"
+    )
+
+
 def ws_frame(payload: dict[str, Any]) -> bytes:
     """One masked client text frame (the not-reading client is a raw socket)."""
     data, mask = json.dumps(payload).encode(), os.urandom(4)
@@ -346,6 +378,7 @@ ATTACKS: dict[str, Callable[..., Awaitable[str]]] = {
     "leave_mid_turn": leave_mid_turn,
     "jpeg_bomb": jpeg_bomb,
     "not_reading": not_reading,
+    "frame_cpu": frame_cpu,
 }
 NEEDS_LOG = {"unknown_path", "leave_mid_turn", "not_reading"}
 
