@@ -322,6 +322,9 @@ async def not_reading(url: str, pids: tuple[int, ...], log: Any) -> str:
         if "stopped reading" in seen:
             how = f"ended by the server (not reading) after {time.monotonic() - t0:.1f} s"
             break
+        if "memory budget is spent" in seen:
+            how = f"ended by the server (process memory budget spent) after {time.monotonic() - t0:.1f} s"
+            break
         if "speech session closed (code 1006)" in seen:
             how = f"closed without an error (daphne keepalive?) after {time.monotonic() - t0:.1f} s"
             break
