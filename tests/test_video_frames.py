@@ -114,7 +114,7 @@ def test_the_budget_admits_exactly_its_size() -> None:
 
 
 # -- decoding -------------------------------------------------------------------------------------
-def test_truncated_and_corrupt_frames_fail_the_full_decode() -> None:
+def test_truncated_and_corrupt_frames_fail_the_decode_check() -> None:
     good = jpeg(320, 240, color=(10, 200, 30))
     assert frames.verify_decodes(good)
     assert frames.verify_decodes(png())
