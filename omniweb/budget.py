@@ -5,7 +5,8 @@ still hold more than the machine has. Sessions reserve the bytes they buffer fro
 (``OMNIWEB_PROCESS_BUFFER_BUDGET``); once it is spent, new buffering is refused with a clear error,
 never an out-of-memory kill. A session releases what it holds as it drops data and when it closes.
 
-What is counted: video frames and microphone audio (video sessions), the speech session's buffered
+What is counted: video frames and microphone audio, and the video messages received but not yet
+handled (video sessions), the speech session's buffered
 text, the messages it holds while audio streams and the audio it collects for a file
 (``stream_audio: false``), and on every endpoint the replies queued in daphne for a client that
 reads slower than the server sends (``SessionShare``, refreshed at each send).
@@ -26,6 +27,7 @@ FULL_MESSAGE = "Server memory budget for buffered data is spent; frame or audio 
 TEXT_FULL_MESSAGE = "Server memory budget for buffered data is spent; input.text refused, retry shortly"
 HELD_FULL_MESSAGE = "Server memory budget is spent: no more messages can be held during audio; session closed"
 AUDIO_FULL_MESSAGE = "the server's memory budget for the audio of a file is spent; retry shortly"
+INBOX_FULL_MESSAGE = "Server memory budget is spent: no more messages can be queued; session closed"
 REPLIES_FULL_MESSAGE = (
     "Server memory budget is spent and this client is not reading fast enough to keep up; session closed"
 )

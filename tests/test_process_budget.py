@@ -122,3 +122,36 @@ async def test_speech_file_audio_beyond_the_budget_fails_the_utterance_not_the_s
     assert done.errors == [] and done.binary
     await comm.disconnect()
     assert budget.held() == start
+
+
+@LOCAL
+async def test_video_messages_queued_beyond_the_budget_close_the_session(connect, settings, monkeypatch):
+    import asyncio
+    import threading
+
+    from test_video_session import b64, frame, jpeg, video
+
+    from video import frames
+
+    unblock = threading.Event()
+    prepare = frames.prepare_frame
+
+    def slow(text, **kwargs):
+        unblock.wait(30)  # the session's processor waits on its first frame's checks
+        return prepare(text, **kwargs)
+
+    monkeypatch.setattr(frames, "prepare_frame", slow)
+    data = jpeg(width=320, height=240)
+    start = budget.held()
+    settings.PROCESS_BUFFER_BUDGET = start + int(2.5 * len(b64(data)))  # room for two queued frames
+    comm = await video(connect, modalities=["text"], enable_frame_filter=False)
+    try:
+        for i in range(4):  # one being checked, two queued, the fourth is one too many
+            await frame(comm, data, f"f{i}")
+        assert await expect_error(comm) == budget.INBOX_FULL_MESSAGE
+        await expect_close(comm)
+    finally:
+        unblock.set()
+    await comm.disconnect()
+    await asyncio.sleep(0)
+    assert budget.held() == start

@@ -179,6 +179,9 @@ class VideoStreamConsumer(SessionConsumer):
         if self.queued >= protocol.MAX_QUEUED_MESSAGES or self.queued_bytes + size > protocol.MAX_QUEUED_BYTES:
             await self.fail("Too many messages queued: the session cannot keep up; session closed")
             return
+        if not self.budget_share.hold("inbox", self.queued_bytes + size):  # all sessions: omniweb/budget.py
+            await self.fail(process_budget.INBOX_FULL_MESSAGE, ErrorKind.CAPACITY)
+            return
         msg["_size"] = size
         self.queued += 1
         self.queued_bytes += size
@@ -210,6 +213,7 @@ class VideoStreamConsumer(SessionConsumer):
                 continue
             self.queued -= 1
             self.queued_bytes -= item.pop("_size")
+            self.budget_share.hold("inbox", self.queued_bytes)
             msg_type = item.get("type")
             handler = self.handlers.get(msg_type) if isinstance(msg_type, str) else None
             if handler is None:
