@@ -179,7 +179,9 @@ class VideoStreamConsumer(SessionConsumer):
         if self.queued >= protocol.MAX_QUEUED_MESSAGES or self.queued_bytes + size > protocol.MAX_QUEUED_BYTES:
             await self.fail("Too many messages queued: the session cannot keep up; session closed")
             return
-        if not self.budget_share.hold("inbox", self.queued_bytes + size):  # all sessions: omniweb/budget.py
+        # All sessions together (omniweb/budget.py); one message at a time always passes, so a client
+        # that waits for its acks meets the budget as refused frames, a flooding one as a close.
+        if not self.budget_share.hold("inbox", self.queued_bytes + size, force=not self.queued_bytes):
             await self.fail(process_budget.INBOX_FULL_MESSAGE, ErrorKind.CAPACITY)
             return
         msg["_size"] = size
