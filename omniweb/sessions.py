@@ -67,7 +67,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
     _send_watch: SendWatch | None = None
 
     async def send(self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> None:
-        """Every send (audio, acks, errors, pongs) counts against the session's send budget.
+        """Every send (audio, acks, errors, pongs) counts against the session's send budget, and
+        what daphne then holds for the client against the process-wide budget (omniweb/budget.py).
 
         A send to a client that has just left is dropped (daphne raises ``Disconnected`` until the
         disconnect reaches the consumer): work in flight ends quietly instead of as a traceback.
