@@ -25,7 +25,9 @@ and prints markdown tables plus PASS/FAIL per target. See bench/README.md.
 ``BURST_TEXT`` at the same instant, ``--burst-rounds`` times; it prints the hardware floor (sessions
 × (G2P + one talker run of the first sentence, measured alone in this process with one thread) /
 cores, measured right before and right after the bursts), first audio p50/p95 over all rounds, the
-p95 / floor ratio (target ≤ 1.25) and playback gaps, all from the same run.
+p95 / floor ratio (target ≤ 1.25) and playback gaps, all from the same run; then the same bursts
+straight into an in-process scheduler (engine only, the server stopped) with the thread CPU of the
+steps run before the p95 first audio, by kind, so the engine's share of any gap is visible.
 
 Usage (from the repository root, venv active)::
 
@@ -690,6 +692,82 @@ def floor_unit_seconds(text: str, repeats: int = 40) -> float:
     return pct(times, 50)
 
 
+@dataclass
+class EngineBurst:
+    """One burst straight into an in-process scheduler: no WebSocket, no consumer, no client."""
+
+    firsts: list[float]  # seconds from the burst's submit to each request's first audio chunk
+    cpu_before_p95: dict[str, float]  # thread CPU s of the steps that ran before the p95 first audio, by kind
+
+
+def engine_burst(sessions: int, rounds: int) -> list[EngineBurst]:
+    """``rounds`` bursts of ``sessions`` requests for ``BURST_TEXT`` submitted to a scheduler in this
+    process at the same instant, with the server's engine settings; every step's thread CPU is
+    accounted by kind (first-sentence talker, later talker, vocoder), so the share of the gap that
+    is the engine's own work, not the transport's, is visible."""
+    import threading
+
+    from django.conf import settings
+
+    from omniweb.engine.scheduler import Scheduler
+    from speech.tts.loops import PIPELINE, TtsPipeline
+
+    steps: list[tuple[float, float, str, float]] = []  # (start, end, kind, thread CPU s)
+
+    class Accounted(Scheduler):
+        @staticmethod
+        def _run(plans):  # type: ignore[no-untyped-def]
+            t0, c0 = perf(), time.thread_time()
+            out = Scheduler._run(plans)
+            kind = plans[0].kind
+            if kind == "talker":
+                kind = "talker, first sentence" if plans[0].label.endswith("sentence0") else "talker, later sentences"
+            steps.append((t0, perf(), kind, time.thread_time() - c0))
+            return out
+
+    scheduler = Accounted(
+        {PIPELINE: TtsPipeline()},
+        workers=settings.ENGINE_WORKERS,
+        max_batch=settings.ENGINE_MAX_BATCH,
+        batch_wait=settings.ENGINE_BATCH_WAIT_MS / 1000.0,
+        max_ahead=settings.ENGINE_MAX_AHEAD_SECONDS,
+        first_media_budget=settings.ENGINE_FIRST_AUDIO_BUDGET_MS / 1000.0,
+    )
+    scheduler.start()
+    results = []
+    try:
+        for r in range(rounds + 1):  # the first round warms up
+            steps.clear()
+            first: dict[int, float] = {}
+            ended = threading.Semaphore(0)
+
+            def sink(
+                chunk: dict[str, Any], i: int, first: dict[int, float] = first, ended: threading.Semaphore = ended
+            ) -> None:
+                if chunk["type"] == "audio" and i not in first:
+                    first[i] = perf()
+                if chunk["type"] == "end":
+                    ended.release()
+
+            time.sleep(0.5)
+            t0 = perf()
+            for i in range(sessions):
+                scheduler.submit(f"burst{r}-{i}", InProcessEngine.request(BURST_TEXT), lambda c, i=i: sink(c, i))
+            for _ in range(sessions):
+                ended.acquire(timeout=300)
+            firsts = [first[i] - t0 for i in sorted(first)]
+            t95 = t0 + pct(firsts, 95)
+            cpu: dict[str, float] = {}
+            for a, b, kind, c in steps:
+                if a < t95:  # a step that straddles the p95 counts for its share before it
+                    cpu[kind] = cpu.get(kind, 0.0) + c * (min(b, t95) - a) / max(b - a, 1e-9)
+            if r:
+                results.append(EngineBurst(firsts, cpu))
+    finally:
+        scheduler.stop()
+    return results
+
+
 def load_average() -> str:
     try:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -739,6 +817,12 @@ async def run_burst(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
+    # The same bursts with the engine alone, after the server has stopped (no CPU shared with it).
+    engine_rounds = rounds if args.burst_engine_rounds is None else args.burst_engine_rounds
+    engine_only: list[EngineBurst] = []
+    if engine_rounds > 0:
+        print(f"engine only: {engine_rounds} bursts of {sessions} requests in this process ...", file=sys.stderr)
+        engine_only = await asyncio.to_thread(engine_burst, sessions, engine_rounds)
     cores = os.cpu_count() or 1
     unit = (unit_before + unit_after) / 2
     floor = sessions * unit / cores
@@ -775,12 +859,33 @@ async def run_burst(args: argparse.Namespace) -> int:
         f"| all | {ms(p50)} | {ms(p95)} | {ms(max(firsts, default=math.nan))} | {ratio:.2f}× | {gaps} | {failures} "
         f"| {wall:.2f} | {server_cpu:.2f} | {bench_cpu:.2f} |"
     )
+    if engine_only:
+        report_engine_burst(engine_only, sessions, unit, floor)
     ok = ratio <= TARGET_BURST_VS_FLOOR and not gaps and not failures
     print(
         f"\n- {verdict(ok)}: p95 first audio {ms(p95)} ms ≤ {TARGET_BURST_VS_FLOOR}× floor ({ratio:.2f}×), "
         f"no playback gaps ({gaps}; worst lateness {ms(worst)} ms), no failures ({failures})"
     )
     return 0 if ok else 1
+
+
+def report_engine_burst(engine_only: list[EngineBurst], sessions: int, unit: float, floor: float) -> None:
+    """The engine-only bursts: first audio against the same floor, and the CPU spent before the p95."""
+    print(
+        "\nThe same bursts straight into a scheduler in this process (the server stopped; no WebSocket, "
+        "no consumer, no client), and the thread CPU (ms) of the steps that ran before the p95 first audio:\n"
+    )
+    kinds = sorted({k for eb in engine_only for k in eb.cpu_before_p95})
+    print("| round | first audio p50 ms | p95 ms | p95 / floor | " + " | ".join(f"{k} CPU ms" for k in kinds) + " |")
+    print("|---:|---:|---:|---:|" + "---:|" * len(kinds))
+    for i, eb in enumerate(engine_only, 1):
+        cells = " | ".join(ms(eb.cpu_before_p95.get(k, 0.0)) for k in kinds)
+        e95 = pct(eb.firsts, 95)
+        print(f"| {i} | {ms(pct(eb.firsts, 50))} | {ms(e95)} | {e95 / floor:.2f}× | {cells} |")
+    print(
+        f"\n(The p95 first audio comes after about {0.95 * sessions:.0f} first sentences: "
+        f"{0.95 * sessions:.0f} floor units are {0.95 * sessions * unit * 1000:.0f} ms of work.)"
+    )
 
 
 # -- report -----------------------------------------------------------------------------------------
@@ -960,6 +1065,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--burst", action="store_true", help="only the burst of BURST_TEXT against its floor")
     p.add_argument("--burst-sessions", type=int, default=64, help="with --burst: sessions per burst")
     p.add_argument("--burst-rounds", type=int, default=3, help="with --burst: bursts in the run")
+    p.add_argument(
+        "--burst-engine-rounds",
+        type=int,
+        help="with --burst: engine-only bursts after the server stops (default: --burst-rounds; 0: none)",
+    )
     return p.parse_args(argv)
 
 

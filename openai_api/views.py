@@ -29,7 +29,7 @@ from hibari import dsp
 
 from omniweb import auth, metrics
 from omniweb.engine.runtime import get_engine_client
-from speech.containers import FIRST_BYTES_SAMPLES, StreamEncoder
+from speech.containers import StreamEncoder, first_bytes_samples
 from speech.protocol import SAMPLE_RATE, SessionConfig, tts_request
 from speech.tts.loops import PIPELINE as TTS_PIPELINE
 from speech.tts.model import capabilities
@@ -95,12 +95,11 @@ async def _first_chunk(stream: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
 def first_chunk_frames(response_format: str) -> int | None:
     """A first vocoder step big enough for the encoder's first frame, so the first bytes leave
     after one engine step, not two (None: the setting's size is used)."""
-    need = FIRST_BYTES_SAMPLES.get(response_format)
-    if need is None:
-        return None
     # A sentence's first vocoder step holds back half an FFT window for the overlap-add.
     held_back = (dsp.N_FFT // 2) // HOP
-    return max(-(-need // HOP) + held_back, settings.VOCODER_FIRST_CHUNK_FRAMES)
+    frames = -(-first_bytes_samples(response_format) // HOP) + held_back
+    default = settings.VOCODER_FIRST_CHUNK_FRAMES or settings.VOCODER_CHUNK_FRAMES
+    return frames if frames > default else None
 
 
 @functools.cache

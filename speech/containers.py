@@ -39,19 +39,32 @@ class _Codec:
     # The encoder's input format when the PCM can be handed over as it is (same rate, mono planar
     # = packed): no resampler, whose set-up would delay the first bytes by a few milliseconds.
     sample_format: str | None = None
+    # 24 kHz input samples the encoder takes in before it writes its first audio bytes, whatever
+    # the audio (measured; tests/test_openai_protocol.py pins each value as exact).
+    first_bytes: int = 0
 
 
-# Opus runs at 48 kHz only (resampled); the others keep the voice's 24 kHz.
+# Opus runs at 48 kHz only (resampled); the others keep the voice's 24 kHz. What each encoder
+# holds back before its first bytes:
+# - mp3 (LAME, MPEG-2 layer III at 24 kHz: 576-sample frames): 3 frames (1,728 samples) for most
+#   audio, but 4 (2,304) while the first frame is digital silence, which every hibari sentence
+#   starts with: 2,304.
+# - aac: its 1,024-sample frame plus 1,024 samples of priming: 2,048.
+# - flac: one block of 2,304 samples.
+# - opus: 496 (its 20 ms frame at 48 kHz, after the resampler's delay).
 _CODECS = {
-    "mp3": _Codec("mp3", "libmp3lame", SAMPLE_RATE, {}, 64_000, "s16p"),
-    "opus": _Codec("ogg", "libopus", 48_000, {"page_duration": "20000"}, 32_000),
-    "aac": _Codec("adts", "aac", SAMPLE_RATE, {}, 64_000, "fltp"),
-    "flac": _Codec("flac", "flac", SAMPLE_RATE, {}, None, "s16"),
+    "mp3": _Codec("mp3", "libmp3lame", SAMPLE_RATE, {}, 64_000, "s16p", 2304),
+    "opus": _Codec("ogg", "libopus", 48_000, {"page_duration": "20000"}, 32_000, None, 496),
+    "aac": _Codec("adts", "aac", SAMPLE_RATE, {}, 64_000, "fltp", 2048),
+    "flac": _Codec("flac", "flac", SAMPLE_RATE, {}, None, "s16", 2304),
 }
 
-# Samples an encoder takes in before it writes its first bytes (FFmpeg's frame size plus its
-# delay; measured, and pinned by tests/test_openai_protocol.py). pcm, wav and opus write at once.
-FIRST_BYTES_SAMPLES = {"mp3": 1800, "aac": 2100, "flac": 2400}
+
+def first_bytes_samples(response_format: str) -> int:
+    """Samples of audio ``response_format``'s encoder needs before its first bytes (0: none)."""
+    spec = _CODECS.get(response_format)
+    return 0 if spec is None else spec.first_bytes
+
 
 CONTENT_TYPES = {
     "mp3": "audio/mpeg",
@@ -110,6 +123,7 @@ class StreamEncoder:
         self._odd = b""  # a PCM byte left over from a piece of odd length
         self._header = open_wav_header() if response_format == "wav" else b""
         self._container = None
+        self.first_bytes_samples = first_bytes_samples(response_format)
         if response_format in _CODECS:
             spec = _CODECS[response_format]
             self._sink = _Sink()
@@ -125,6 +139,11 @@ class StreamEncoder:
                 fmt = self._stream.codec_context.format
                 self._resampler = av.AudioResampler(format=fmt.name if fmt else "s16", layout="mono", rate=spec.rate)
             self._pts = 0
+            # Open the encoder and write the container's header now, so the first ``feed`` pays for
+            # encoding only, not for FFmpeg's set-up; the header is held back and leaves with the
+            # first audio packet (bytes without audio would only look like an early start).
+            self._container.start_encoding()
+            self._muxed = False
 
     def header(self) -> bytes:
         """Bytes that can leave before any audio (the WAV header; nothing for the other formats)."""
@@ -140,7 +159,7 @@ class StreamEncoder:
             return self.header() + data
         if data:
             self._encode(np.frombuffer(data, dtype="<i2"))
-        return self._sink.take()
+        return self._sink.take() if self._muxed else b""
 
     def finish(self) -> bytes:
         """The end of the file: the encoders' delayed frames and the container's trailer."""
@@ -178,3 +197,4 @@ class StreamEncoder:
     def _mux(self, frame: object) -> None:
         for packet in self._stream.encode(frame):
             self._container.mux(packet)
+            self._muxed = True

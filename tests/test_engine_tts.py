@@ -183,3 +183,15 @@ def test_no_talker_step_grows_with_an_unpunctuated_sentence(pipeline, monkeypatc
     assert len(seen) == 14 and max(map(len, seen)) <= settings.TALKER_MAX_RUN_CHARS
     starts = [c["text"] for c in chunks if c["type"] == "sentence.start"]
     assert " ".join(starts) == text  # each bounded piece is a sentence on the wire, in order
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "aac", "flac", "opus"])
+def test_an_openai_streams_first_vocoder_step_gives_its_encoder_its_first_bytes(pipeline, fmt):
+    from openai_api.views import first_chunk_frames
+    from speech.containers import StreamEncoder
+
+    chunks = synthesize(
+        pipeline, text="Streaming speech should never stall.", first_chunk_frames=first_chunk_frames(fmt)
+    )
+    first = next(c["pcm"] for c in chunks if c["type"] == "audio")
+    assert StreamEncoder(fmt).feed(first), "the encoder needs a second vocoder step before its first bytes"

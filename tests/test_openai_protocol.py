@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from openai_api import protocol
 from openai_api.protocol import APIError
 from openai_api.uploads import decode_upload
-from speech.containers import FIRST_BYTES_SAMPLES, STREAM_FORMATS, StreamEncoder
+from speech.containers import STREAM_FORMATS, StreamEncoder, first_bytes_samples
 from speech.protocol import Capabilities
 
 CAPS = Capabilities(
@@ -219,9 +219,31 @@ def test_uploads_decode_to_16k_mono_and_refusals_are_clear():
         assert (info.value.status, info.value.param) == (400, "file")
 
 
+# hibari's sentences start with digital silence, which LAME holds back one frame longer than sound
+SILENT_START = b"\0\0" * 3000 + TONE
+
+
 @pytest.mark.parametrize("fmt", STREAM_FORMATS)
-def test_first_bytes_need_exactly_the_samples_the_speech_view_asks_the_vocoder_for(fmt):
-    need = FIRST_BYTES_SAMPLES.get(fmt, 1200)  # others: the default first vocoder step (1200 samples)
-    assert StreamEncoder(fmt).feed(TONE[: need * 2]), "no bytes after the first vocoder step's audio"
-    if fmt in FIRST_BYTES_SAMPLES:  # and one 12.5 ms frame less is not enough: the table is tight
-        assert not StreamEncoder(fmt).feed(TONE[: (need - 300) * 2])
+def test_each_encoder_knows_exactly_how_much_audio_its_first_bytes_need(fmt):
+    need = first_bytes_samples(fmt)
+    assert StreamEncoder(fmt).first_bytes_samples == need
+    if not need:  # pcm, wav: the audio leaves as it comes
+        assert StreamEncoder(fmt).feed(TONE[:2]).endswith(TONE[:2])
+        return
+    for audio in (TONE, SILENT_START):
+        assert StreamEncoder(fmt).feed(audio[: need * 2]), f"no bytes after {need} samples"
+    # and one sample less is not enough for at least one of them: the value is exact, not padded
+    assert any(not StreamEncoder(fmt).feed(audio[: (need - 1) * 2]) for audio in (TONE, SILENT_START))
+
+
+@pytest.mark.parametrize("fmt", STREAM_FORMATS)
+def test_the_speech_views_first_vocoder_step_covers_the_encoders_need(fmt, settings):
+    from hibari import dsp
+
+    from openai_api.views import first_chunk_frames
+
+    frames = first_chunk_frames(fmt) or settings.VOCODER_FIRST_CHUNK_FRAMES
+    # a sentence's first step of F frames releases F - 2 blocks of 300 samples (the OLA holds 2 back)
+    released = (frames - (dsp.N_FFT // 2) // dsp.HOP) * dsp.HOP
+    assert released >= first_bytes_samples(fmt)
+    assert first_chunk_frames(fmt) is None or released - first_bytes_samples(fmt) < dsp.HOP  # no bigger

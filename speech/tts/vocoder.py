@@ -77,12 +77,14 @@ def draw_noise(rng: np.random.Generator, n_frames: int) -> np.ndarray:
 
 
 class VocoderStream:
-    """Per-segment state: excitation computed once (cheap, cumulative phase), OLA tail
-    carried between chunks.
+    """Per-segment state: excitation (cumulative phase) and frame-major copies of the spectra, made
+    when first needed, and the OLA tail carried between chunks.
 
-    The pulse train's phase is a running sum over the whole segment, so it is built up
-    front (a few vectorised passes over F*300 samples); the expensive part, the
-    per-frame spectra, is done per chunk.
+    A sentence's first chunk is on the path to its first audio, so it builds only what it needs:
+    the pulse train of its own frames (the phase is a running sum, so a prefix of the train is
+    exact) and its columns of the bins-major spectra. The whole train and the frame-major copies
+    (a chunk's rows are then one contiguous slice) are made by the next chunk, after that audio
+    has left.
     """
 
     def __init__(self, frames: AcousticFrames, noise_rng: np.random.Generator | None = None) -> None:
@@ -91,29 +93,20 @@ class VocoderStream:
         if frames.noise is None and noise_rng is None:
             raise ValueError("frames drawn without noise cannot be vocoded")
         self.noise_rng = noise_rng if frames.noise is None else None
-        # Frame-major copies [F, 601] of the spectra and the noise, made once per segment here
-        # (on the talker's worker), so a chunk's rows are one contiguous slice: gathering a
-        # chunk's columns out of the bins-major [601, F] arrays at every chunk was ~40% of the
-        # vocoder step's CPU time. ``self.frames`` holds the same values as transposed views of
-        # these copies (same shapes), so the segment is not kept in memory twice; the caller's
-        # ``frames`` is left as it is.
-        names = _SPECTRA if self.noise_rng is None else _SPECTRA[:-1]
-        self._rows = {k: np.ascontiguousarray(getattr(frames, k).T) for k in names}
-        self.frames = AcousticFrames(**{k: v.T for k, v in self._rows.items()}, f0=frames.f0)
+        self._names = _SPECTRA if self.noise_rng is None else _SPECTRA[:-1]
+        # The stream's own frames object (same arrays): when the frame-major copies are made, its
+        # fields become transposed views of them, so the segment is never held twice; the
+        # caller's ``frames`` is left as it is.
+        self.frames = AcousticFrames(**{k: getattr(frames, k) for k in self._names}, f0=frames.f0)
+        self._rows: dict[str, np.ndarray] | None = None
         self._n = frames.n_frames
         self._next = 0
         self.device_state: object = None  # a device backend's copy of this segment (vocoder_torch)
         # windowed frames [max(0, next-3), next): what a later chunk still adds to
         self._tail = np.zeros((0, _K, HOP), np.float32)
-        if self._n:
-            # reflect-pad exactly as hibari.dsp.stft; a view of every analysis window
-            xp = np.pad(dsp.pulses(frames.f0), dsp.N_FFT // 2, mode="reflect")
-            view = np.lib.stride_tricks.sliding_window_view(xp, dsp.N_FFT)[::HOP]
-            self._windows: np.ndarray | None = view
-            # [F+3, HOP]; F is known up front, so no sample waits for the normalisation
-            self._norm = dsp._ola_norm(self._n)
-        else:
-            self._windows = None
+        self._windows: np.ndarray | None = None  # every frame's analysis window, once built
+        # [F+3, HOP]; F is known up front, so no sample waits for the normalisation
+        self._norm = dsp._ola_norm(self._n) if self._n else None
 
     @property
     def n_frames(self) -> int:
@@ -154,8 +147,40 @@ class VocoderStream:
         chunks does not change which numbers a frame gets.
         """
         if self.noise_rng is None:
-            return self._rows["noise"][start:stop]
+            return self.spectrum_rows("noise", start, stop)
         return self.noise_rng.standard_normal((stop - start, 2 * N_BINS), dtype=np.float32).view(np.complex64)
+
+    def rows(self) -> dict[str, np.ndarray]:
+        """Frame-major copies [F, 601] of the spectra (and drawn noise), made at the first call."""
+        if self._rows is None:
+            self._rows = {k: np.ascontiguousarray(getattr(self.frames, k).T) for k in self._names}
+            for k, v in self._rows.items():  # the bins-major arrays are no longer referenced here
+                setattr(self.frames, k, v.T)
+        return self._rows
+
+    def spectrum_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Frames [start, stop) of one spectrum (or the drawn noise), frame-major [stop - start, 601].
+
+        The first chunk reads its columns of the bins-major arrays (a small gather); later chunks
+        slice the frame-major copies, made by the first of them.
+        """
+        if self._rows is None and start == 0:
+            return getattr(self.frames, name)[:, start:stop].T
+        return self.rows()[name][start:stop]
+
+    def windows(self, start: int, stop: int) -> np.ndarray:
+        """The pulse train's analysis windows [stop - start, 1200] of frames [start, stop).
+
+        A first chunk that ends well before the segment does builds the train of its frames only:
+        frame k's window reaches pulse samples below (k + 2) * HOP, whose values need f0 up to
+        frame k + 2 (the train interpolates f0 between frames), and a prefix of the running phase
+        sum is exact, so these windows equal those of the whole train.
+        """
+        if self._windows is None:
+            if start == 0 and stop + 2 < self._n:
+                return _analysis_windows(self.frames.f0[: stop + 2])[:stop]
+            self._windows = _analysis_windows(self.frames.f0)
+        return self._windows[start:stop]
 
     # -- internals -------------------------------------------------------------------
     def _check(self, start: int, stop: int) -> None:
@@ -193,6 +218,13 @@ class VocoderStream:
                 y[lo - b0 : hi - b0] += g[lo - k - g0 : hi - k - g0, k]
         y *= self._norm[b0:b1]
         return y.reshape(-1)
+
+
+def _analysis_windows(f0: np.ndarray) -> np.ndarray:
+    """A view [F, 1200] of every frame's analysis window of the pulse train, reflect-padded
+    exactly as hibari.dsp.stft pads it."""
+    xp = np.pad(dsp.pulses(f0), dsp.N_FFT // 2, mode="reflect")
+    return np.lib.stride_tricks.sliding_window_view(xp, dsp.N_FFT)[::HOP]
 
 
 class SpectralBackend(Protocol):
@@ -263,7 +295,7 @@ def _gather(items: list[tuple[VocoderStream, int, int]], name: str) -> np.ndarra
     backend may write it): the FFTs batch over rows."""
     if name == "noise":
         return np.concatenate([s.noise_rows(a, b) for s, a, b in items])
-    return np.concatenate([s._rows[name][a:b] for s, a, b in items])
+    return np.concatenate([s.spectrum_rows(name, a, b) for s, a, b in items])
 
 
 def _spectral(items: list[tuple[VocoderStream, int, int]], backend: SpectralBackend) -> np.ndarray:
@@ -273,7 +305,7 @@ def _spectral(items: list[tuple[VocoderStream, int, int]], backend: SpectralBack
     src = np.empty((n_rows, dsp.N_FFT), np.float32)
     row = 0
     for s, a, b in items:
-        np.multiply(s._windows[a:b], dsp.WIN_SRC, out=src[row : row + b - a])
+        np.multiply(s.windows(a, b), dsp.WIN_SRC, out=src[row : row + b - a])
         row += b - a
     g = {name: _gather(items, name) for name in _SPECTRA}
     frames = backend.windowed_frames(src, **g)

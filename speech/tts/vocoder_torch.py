@@ -188,10 +188,11 @@ class TorchBackend:
         if isinstance(seg, _DeviceSegment):
             return seg
         dev = self.device
-        rows = {k: torch.from_numpy(stream._rows[k]).to(dev, non_blocking=True) for k in _ROWS[:-1]}
+        host = stream.rows()
+        rows = {k: torch.from_numpy(host[k]).to(dev, non_blocking=True) for k in _ROWS[:-1]}
         noise, noise_gen = None, None
         if stream.noise_rng is None:
-            noise = torch.from_numpy(stream._rows["noise"]).to(dev, non_blocking=True)
+            noise = torch.from_numpy(host["noise"]).to(dev, non_blocking=True)
         else:  # unseeded: the noise is drawn on the device, seeded once from the request's generator
             noise_gen = torch.Generator(device=dev)
             noise_gen.manual_seed(int(stream.noise_rng.integers(2**63)))
