@@ -129,7 +129,11 @@ class VoiceActivity:
         return self.detector.speaking
 
     async def feed(self, pcm16: bytes) -> list[SpeechStarted | SpeechStopped]:
-        """The events the audio produces; the rest of a partial window waits for the next feed."""
+        """The events the audio produces; the rest of a partial window waits for the next feed.
+
+        Raises ``EngineError`` (with the engine's kind: capacity, unreachable, …) when the engine
+        refuses or fails a call; those windows are skipped (the clock still counts them).
+        """
         data = self._odd + pcm16
         self._odd = data[len(data) - len(data) % 2 :]
         data = data[: len(data) - len(self._odd)]
