@@ -535,7 +535,7 @@ def test_video_speak_the_answer_toggle_keeps_the_session_state(page, base_url):
 
 def test_video_stop_clears_the_error_and_ask_says_to_start_the_camera(page, base_url):
     frames = Frames(page)
-    start_camera(page, base_url)
+    start_camera(page, base_url, hands_free=False)
     hold_talk(page, 100)  # a tap: the page shows an error
     page.wait_for_selector("#error:not([hidden])", timeout=5_000)
     page.click("#stop")

@@ -697,6 +697,17 @@ function completeAnswer() {
   finish(question, question.failed ? "failed" : "answered");
   if (question.failed) setState("error", "The answer failed; the message above says why.");
   else setState("done", "Answered.");
+  applyOptionsWhenIdle();
+}
+
+/**
+ * Hands-free turns are asked by the server, not through ask(), so a changed "Speak the answer"
+ * would never reach the session: start the new session between turns instead.
+ */
+function applyOptionsWhenIdle() {
+  if (!stream || !sessionHandsFree || (question && !question.done)) return;
+  if (sessionConfig === JSON.stringify(wantedConfig())) return;
+  ensureSession().catch((err) => showError(ui.error, err.message));
 }
 
 function ping() {
@@ -715,6 +726,7 @@ ui.start.addEventListener("click", start);
 ui.stop.addEventListener("click", stop);
 ui.fps.addEventListener("change", () => stream && scheduleFrames());
 ui.handsFree.addEventListener("change", onHandsFreeChange);
+ui.speakAnswer.addEventListener("change", applyOptionsWhenIdle);
 ui.quality.addEventListener("input", () => {
   ui.qualityOut.textContent = Number(ui.quality.value).toFixed(2);
 });
