@@ -22,6 +22,10 @@ Audio buffer (``audio.py``)
     ``AudioBuffer(max_bytes, sample_rate)``: ``append(pcm) -> problem | None``, ``take()``, ``clear()``.
 History (``history.py``)
     ``History(max_turns)``: ``remember(question, answer)``, ``messages()``.
+Listening (``listening.py``): server VAD over the audio buffer
+    ``Listener(VoiceActivity(engine, VadParams(...)), audio, take_segments=)``: ``await feed(pcm)``
+    returns ``SpeechStarted`` / ``SpeechStopped`` (``omniweb.vad``) and, after each stop, the turn's
+    ``SpeechSegment(audio, audio_start_ms, audio_end_ms)``; raises ``AudioRefused``.
 Turn runner (``turns.py``)
     ``TurnSpec(question=Question(text, audio), frames, selection, history, instructions, modalities,
     voice, model, require_frames, request_id)``; ``run_turn(engine, spec)`` yields ``FramesSelected``
@@ -59,6 +63,7 @@ from .chunks import (
 )
 from .frames import BufferedFrame, FrameAdded, FrameBuffer, FrameSelection
 from .history import History
+from .listening import AudioRefused, Listener, ListenEvent, SpeechSegment
 from .session import ActiveTurn, Conversation, ConversationState, Emit
 from .turns import FramesSelected, NoUsableFrames, Question, TurnEvent, TurnSpec, now_ms, run_turn
 
@@ -66,6 +71,7 @@ __all__ = [
     "ActiveTurn",
     "AudioBuffer",
     "AudioChunk",
+    "AudioRefused",
     "BufferedFrame",
     "ChunkParser",
     "Conversation",
@@ -77,10 +83,13 @@ __all__ = [
     "FrameSelection",
     "FramesSelected",
     "History",
+    "ListenEvent",
+    "Listener",
     "NoUsableFrames",
     "Question",
     "SentenceEnd",
     "SentenceStart",
+    "SpeechSegment",
     "TextDelta",
     "TextEnd",
     "Transcript",
