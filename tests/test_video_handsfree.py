@@ -8,7 +8,8 @@ stop, and the conversation shows the question as heard and its answer.
 
 Barge-in needs the second question to start while the first answer plays, a moment no file can
 know in advance, so that test feeds the page's microphone from a WebAudio graph it starts on cue
-(an init script wraps ``getUserMedia``; the camera stays Chromium's fake one). Every run leaves
+(tests/js/cued-microphone.js, an init script that wraps ``getUserMedia``; the camera stays
+Chromium's fake one). Every run leaves
 screenshots in artifacts/screenshots/.
 """
 
@@ -203,27 +204,7 @@ def test_a_spoken_question_is_heard_and_answered_without_pressing_anything(playw
 
 # -- barge-in: a microphone the test starts on cue ---------------------------------------------------
 
-CUED_MIC = """
-(() => {
-  const real = navigator.mediaDevices.getUserMedia.bind(navigator.mediaDevices);
-  window.__cues = {};
-  navigator.mediaDevices.getUserMedia = async (constraints) => {
-    const camera = await real({ video: constraints.video });
-    const ctx = new AudioContext({ sampleRate: 48000 });
-    const out = ctx.createMediaStreamDestination();
-    window.__say = (name) => {
-      const samples = window.__cues[name];
-      const buffer = ctx.createBuffer(1, samples.length, 24000);
-      buffer.copyToChannel(samples, 0);
-      const src = ctx.createBufferSource();
-      src.buffer = buffer;
-      src.connect(out);
-      src.start();
-    };
-    return new MediaStream([...camera.getVideoTracks(), ...out.stream.getAudioTracks()]);
-  };
-})();
-"""
+CUED_MIC = (ROOT / "tests" / "js" / "cued-microphone.js").read_text()
 
 
 def cue(pg: Any, name: str, audio: np.ndarray) -> None:
