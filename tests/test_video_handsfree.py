@@ -238,11 +238,23 @@ def test_speaking_over_the_answer_stops_its_audio_at_once(playwright, base_url, 
         # The server hears the second question start: a new turn, and the first answer's audio
         # stops at once on the page (the player is stopped, not drained, and plays nothing more).
         pg.wait_for_function("document.querySelectorAll('#conversation .turn').length >= 2", timeout=15_000)
-        pg.wait_for_selector("#audio-state[data-state='stopped']", state="attached", timeout=500)
+        pg.wait_for_function(
+            """() => { const started = __events.filter((e) => e.type === 'input_audio_buffer.speech_started');
+                       return started.length >= 2
+                         && __events.some((e) => e.type === 'audio-state:stopped' && e.t >= started[1].t); }""",
+            timeout=5_000,
+        )
         played = int(pg.locator("#played").get_attribute("data-value"))
         pg.wait_for_timeout(400)  # the second question is still being said: no answer audio yet
         assert int(pg.locator("#played").get_attribute("data-value")) == played
         assert pg.locator(".turn").first.get_attribute("data-how") == "interrupted"
+        # The page's own record (tests/js/cued-microphone.js): the player was stopped right after
+        # the second speech_started, while the person was still speaking (before its speech_stopped).
+        pg.wait_for_function("__events.filter((e) => e.type === 'input_audio_buffer.speech_stopped').length >= 2")
+        events = [e["type"] for e in pg.evaluate("__events") if not e["type"].startswith(("video.", "pong"))]
+        second = [i for i, kind in enumerate(events) if kind == "input_audio_buffer.speech_started"][1]
+        stop = events.index("input_audio_buffer.speech_stopped", second)
+        assert "audio-state:stopped" in events[second:stop], events[second:]
         shot(pg, "video-handsfree-barge-in")
         turn_done(pg, 2)
         pg.wait_for_selector("#state[data-state='done']", timeout=30_000)
