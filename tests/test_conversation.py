@@ -241,3 +241,21 @@ def test_resampling_a_24_khz_question_to_16_khz():
     samples = np.frombuffer(out, "<i2").astype(np.float64)
     peak = np.argmax(np.abs(np.fft.rfft(samples)))
     assert abs(peak - 440) <= 1  # 1 Hz bins over one second
+
+
+def test_parse_chunk_types_every_engine_chunk_an_endpoint_reads():
+    from omniweb.conversation import CodecCodes, SentenceEnd, parse_chunk
+    from omniweb.errors import ErrorKind
+
+    words = [{"word": "Hi.", "start_ms": 0, "end_ms": 250}]
+    assert parse_chunk({"type": "sentence.end", "sentence_index": 2, "timestamps": words}) == SentenceEnd(
+        2, (WordTiming("Hi.", 0, 250),)
+    )
+    assert parse_chunk({"type": "sentence.end", "sentence_index": 0, "timestamps": None}) == SentenceEnd(0)
+    codes = {"type": "codes", "sentence_index": 0, "frames": 3, "codes": b"\0" * 6, "last": True, "more": False}
+    assert parse_chunk(codes) == CodecCodes(b"\0" * 6, 3, True, False)
+    assert parse_chunk({"type": "end", "status": "ok", "rng_state": "{}"}) == TurnEnd("ok", rng_state="{}")
+    busy = parse_chunk({"type": "end", "status": "busy", "kind": "capacity", "message": "full"})
+    assert (busy.ok, busy.kind, busy.message) == (False, ErrorKind.CAPACITY, "full")
+    assert parse_chunk({"type": "end", "status": "invalid"}).kind is ErrorKind.CLIENT  # an older engine: by status
+    assert parse_chunk({"type": "something.else"}) is None

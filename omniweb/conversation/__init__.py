@@ -31,12 +31,14 @@ Turn runner (``turns.py``)
     ``TurnSpec(question=Question(text, audio, transcribe), frames, selection, history, instructions,
     modalities, voice, model, require_frames, request_id)``; ``run_turn(engine, spec)`` yields ``FramesSelected``
     (or ``NoUsableFrames``), then the typed engine chunks.
-Engine chunks (``chunks.py``), parsed from the engine's dicts in one place (``ChunkParser``)
+Engine chunks (``chunks.py``), parsed from the engine's dicts in one place (``parse_chunk``; the
+stateful ``ChunkParser`` for an answer's timeline)
     ``Transcript(text)`` (the question as heard, before any text), ``TextDelta(delta)``,
     ``TextEnd()``, ``SentenceStart(index, text)``, ``AudioChunk(pcm, words, start_ms)`` (PCM16
     24 kHz; ``words``: ``WordTiming(word, start_ms, end_ms)`` on the answer's audio timeline, each
     word with the chunk in which it starts, from the talker's own durations), ``SentenceEnd(index)``,
-    ``TurnEnd(status, kind, message, text, transcript, usage)`` with ``Usage`` (estimated tokens).
+    ``TurnEnd(status, kind, message, text, transcript, usage, rng_state)`` with ``Usage`` (estimated
+    tokens); the speech endpoint's ``CodecCodes``.
 
 A minimal adapter::
 
@@ -52,6 +54,7 @@ from .audio import AudioBuffer, resample_pcm16
 from .chunks import (
     AudioChunk,
     ChunkParser,
+    CodecCodes,
     EngineChunk,
     SentenceEnd,
     SentenceStart,
@@ -61,6 +64,7 @@ from .chunks import (
     TurnEnd,
     Usage,
     WordTiming,
+    parse_chunk,
 )
 from .frames import BufferedFrame, FrameAdded, FrameBuffer, FrameSelection
 from .history import History
@@ -75,6 +79,7 @@ __all__ = [
     "AudioRefused",
     "BufferedFrame",
     "ChunkParser",
+    "CodecCodes",
     "Conversation",
     "ConversationState",
     "Emit",
@@ -100,6 +105,7 @@ __all__ = [
     "Usage",
     "WordTiming",
     "now_ms",
+    "parse_chunk",
     "resample_pcm16",
     "run_turn",
 ]
