@@ -29,10 +29,12 @@ from omniweb.conversation import (
     SentenceStart,
     TextDelta,
     TextEnd,
+    Transcript,
     TurnEnd,
     TurnSpec,
     WordTiming,
     now_ms,
+    resample_pcm16,
     run_turn,
 )
 from omniweb.engine.runtime import get_engine_client, get_scheduler
@@ -204,3 +206,56 @@ def test_audio_buffer_and_history_limits():
     history.remember("q1", "a1")
     history.remember("q2", "a2")
     assert history.messages() == [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]
+
+
+async def test_a_question_with_text_and_audio_hears_the_audio_when_asked_to():
+    from test_video_turns import synthesize
+
+    speech = await synthesize("How many people are there?")
+    fb = await camera_buffer(1)
+    spec = TurnSpec(
+        Question(text="Look at me.", audio=speech, transcribe=True), frames=fb.snapshot(), modalities=("text",)
+    )
+    events = await events_of(spec)
+    heard = [e for e in events if isinstance(e, Transcript)]
+    assert len(heard) == 1 and "how many people" in heard[0].text.lower()
+    assert events.index(heard[0]) < min(i for i, e in enumerate(events) if isinstance(e, TextDelta))
+    end = events[-1]
+    assert (
+        end.ok
+        and end.transcript == heard[0].text
+        and end.usage.input_audio_tokens == pytest.approx(len(speech) / 3200, abs=1)
+    )
+    # Without transcribe, text wins and the audio is not listened to (the video endpoint's rule).
+    events = await events_of(
+        TurnSpec(Question(text="Look at me.", audio=speech), frames=fb.snapshot(), modalities=("text",))
+    )
+    assert not [e for e in events if isinstance(e, Transcript)] and events[-1].ok
+    await fb.close()
+
+
+def test_resampling_a_24_khz_question_to_16_khz():
+    tone = (np.sin(2 * np.pi * 440 * np.arange(24000) / 24000) * 8000).astype("<i2").tobytes()
+    out = resample_pcm16(tone, 24000, 16000)
+    assert len(out) == 2 * 16000
+    samples = np.frombuffer(out, "<i2").astype(np.float64)
+    peak = np.argmax(np.abs(np.fft.rfft(samples)))
+    assert abs(peak - 440) <= 1  # 1 Hz bins over one second
+
+
+def test_parse_chunk_types_every_engine_chunk_an_endpoint_reads():
+    from omniweb.conversation import CodecCodes, SentenceEnd, parse_chunk
+    from omniweb.errors import ErrorKind
+
+    words = [{"word": "Hi.", "start_ms": 0, "end_ms": 250}]
+    assert parse_chunk({"type": "sentence.end", "sentence_index": 2, "timestamps": words}) == SentenceEnd(
+        2, (WordTiming("Hi.", 0, 250),)
+    )
+    assert parse_chunk({"type": "sentence.end", "sentence_index": 0, "timestamps": None}) == SentenceEnd(0)
+    codes = {"type": "codes", "sentence_index": 0, "frames": 3, "codes": b"\0" * 6, "last": True, "more": False}
+    assert parse_chunk(codes) == CodecCodes(b"\0" * 6, 3, True, False)
+    assert parse_chunk({"type": "end", "status": "ok", "rng_state": "{}"}) == TurnEnd("ok", rng_state="{}")
+    busy = parse_chunk({"type": "end", "status": "busy", "kind": "capacity", "message": "full"})
+    assert (busy.ok, busy.kind, busy.message) == (False, ErrorKind.CAPACITY, "full")
+    assert parse_chunk({"type": "end", "status": "invalid"}).kind is ErrorKind.CLIENT  # an older engine: by status
+    assert parse_chunk({"type": "something.else"}) is None

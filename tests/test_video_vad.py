@@ -130,3 +130,18 @@ async def test_null_turn_detection_keeps_turns_by_video_query(connect, requests_
     await stream(comm, silence(500) + speech + silence(1000))
     await sync(comm)  # no speech events
     assert video_requests(requests_seen) == []
+
+
+async def test_a_failed_vad_call_is_reported_and_the_session_goes_on(connect, monkeypatch):
+    from omniweb import vad
+    from omniweb.errors import CAPACITY_MESSAGE, EngineError, ErrorKind
+
+    async def full(self, pcm16: bytes):  # the engine refused the VAD request (test double)
+        raise EngineError(ErrorKind.CAPACITY, "full", client_message=CAPACITY_MESSAGE)
+
+    monkeypatch.setattr(vad.VoiceActivity, "feed", full)
+    comm = await video(connect, modalities=["text"], turn_detection=SERVER_VAD)
+    await stream(comm, silence(100))
+    error = await receive_json(comm)
+    assert (error["type"], error["message"], error["kind"]) == ("error", CAPACITY_MESSAGE, "capacity")
+    await sync(comm)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from math import gcd
+
+import numpy as np
+from scipy.signal import resample_poly
+
 from omniweb import budget as process_budget
 
 OVERFLOW_MESSAGE = "Audio buffer overflow"
@@ -68,3 +73,13 @@ class AudioBuffer:
     def clear(self) -> None:
         process_budget.release(len(self._pcm))
         self._pcm.clear()
+
+
+def resample_pcm16(pcm: bytes, from_rate: int, to_rate: int) -> bytes:
+    """A whole PCM16 mono clip at another rate (e.g. a 24 kHz Realtime question for the 16 kHz turn)."""
+    if from_rate == to_rate or not pcm:
+        return pcm
+    g = gcd(from_rate, to_rate)
+    samples = np.frombuffer(pcm[: len(pcm) // 2 * 2], "<i2").astype(np.float32)
+    out = resample_poly(samples, to_rate // g, from_rate // g)
+    return np.clip(np.round(out), -32768, 32767).astype("<i2").tobytes()
