@@ -1,0 +1,188 @@
+"""Server voice-activity detection: when a speaker starts and stops, with OpenAI's ``server_vad`` semantics.
+
+Two parts. ``TurnDetector`` is pure: it turns speech probabilities (one per window) into
+``SpeechStarted`` / ``SpeechStopped`` events with hysteresis, so it is testable without a model.
+``VoiceActivity`` is the session-side helper: it resamples the client's PCM16 to 16 kHz, sends
+whole 32 ms windows to the engine's ``audio.vad`` pipeline (``omniweb.vad_engine``; the model never
+loads in the web process) and carries the model's streaming state between calls, so in Redis mode
+any worker serves any call.
+
+Times are milliseconds of input audio since the stream began, as OpenAI reports them:
+``audio_start_ms`` is where speech was first detected minus ``prefix_padding_ms`` (not before 0);
+``audio_end_ms`` is where the stop was decided, i.e. the end of speech plus ``silence_duration_ms``
+(rounded up to a whole window), which is also the end of the audio the turn should use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import av
+import numpy as np
+
+from omniweb.engine.client import EngineClient
+from omniweb.errors import EngineError, ErrorKind, end_kind
+from omniweb.vad_engine import MAX_WINDOWS, PIPELINE, SAMPLE_RATE, WINDOW_BYTES, WINDOW_MS
+
+SAMPLE_RATES = (16_000, 24_000)  # the video protocol's audio.chunk, the Realtime API's audio/pcm
+NEG_THRESHOLD_GAP = 0.15  # Silero's hysteresis: in speech, only probabilities this far below the threshold are silence
+MIN_NEG_THRESHOLD = 0.01
+
+
+@dataclass(frozen=True)
+class VadParams:
+    """OpenAI's ``server_vad`` fields and their defaults."""
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    audio_start_ms: int  # ms of input audio since the stream began (prefix padding applied)
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    audio_end_ms: int
+
+
+VadEvent = SpeechStarted | SpeechStopped
+
+
+class TurnDetector:
+    """Hysteresis over speech probabilities.
+
+    Silent, a window at or above ``threshold`` starts speech. Speaking, a window below
+    ``threshold - 0.15`` (Silero's own hysteresis) starts a silence, one at or above ``threshold``
+    ends it, one between leaves it running; the silence becomes a stop on a quiet window once it
+    has lasted ``silence_duration_ms``. So a short pause inside a sentence never ends the turn.
+    """
+
+    def __init__(self, params: VadParams) -> None:
+        self.params = params
+        self._neg = max(params.threshold - NEG_THRESHOLD_GAP, MIN_NEG_THRESHOLD)
+        self._clock = 0.0  # ms of input audio at the start of the next window
+        self.speaking = False
+        self._silence_from: float | None = None
+
+    @property
+    def clock_ms(self) -> float:
+        """Milliseconds of input audio the detector has seen (or skipped) so far."""
+        return self._clock
+
+    def push(self, probs: Sequence[float], window_ms: float) -> list[SpeechStarted | SpeechStopped]:
+        """The events the next windows' probabilities produce, in order."""
+        events: list[SpeechStarted | SpeechStopped] = []
+        for p in probs:
+            start, end = self._clock, self._clock + window_ms
+            if not self.speaking:
+                if p >= self.params.threshold:
+                    self.speaking = True
+                    self._silence_from = None
+                    events.append(SpeechStarted(audio_start_ms=max(0, round(start - self.params.prefix_padding_ms))))
+            elif p >= self.params.threshold:
+                self._silence_from = None
+            elif p < self._neg:
+                if self._silence_from is None:
+                    self._silence_from = start
+                if end - self._silence_from >= self.params.silence_duration_ms:
+                    self.speaking = False
+                    self._silence_from = None
+                    events.append(SpeechStopped(audio_end_ms=round(end)))
+            self._clock = end
+        return events
+
+    def reset(self, clock_ms: float | None = None) -> None:
+        """Forget any speech in progress (no event); ``clock_ms`` moves the clock (skipped audio)."""
+        self.speaking = False
+        self._silence_from = None
+        if clock_ms is not None:
+            self._clock = clock_ms
+
+
+class VoiceActivity:
+    """One per session: feeds PCM16 mono audio to the engine's "audio.vad" pipeline (the model never
+    loads in the web process) and turns the speech probabilities into events with TurnDetector."""
+
+    def __init__(self, engine: EngineClient, params: VadParams, sample_rate: int = 16000) -> None:
+        if sample_rate not in SAMPLE_RATES:
+            raise ValueError(f"sample_rate must be one of {SAMPLE_RATES}, not {sample_rate}")
+        self._engine = engine
+        self.params = params
+        self.sample_rate = sample_rate
+        self.detector = TurnDetector(params)
+        self._resampler = _Resampler(sample_rate) if sample_rate != SAMPLE_RATE else None
+        self._odd = b""  # a trailing odd byte, completed by the next feed
+        self._pending = bytearray()  # 16 kHz PCM16 not yet a whole window
+        self._sent = 0  # 16 kHz samples handed to the engine (or skipped by reset)
+        self._state: bytes | None = None
+        self._epoch = 0  # bumped by reset: a call in flight then is ignored
+        self._lock = asyncio.Lock()  # calls run one after another: each needs the previous state
+
+    @property
+    def speaking(self) -> bool:
+        return self.detector.speaking
+
+    async def feed(self, pcm16: bytes) -> list[SpeechStarted | SpeechStopped]:
+        """The events the audio produces; the rest of a partial window waits for the next feed."""
+        data = self._odd + pcm16
+        self._odd = data[len(data) - len(data) % 2 :]
+        data = data[: len(data) - len(self._odd)]
+        self._pending += self._resampler.push(data) if self._resampler is not None else data
+        events: list[SpeechStarted | SpeechStopped] = []
+        async with self._lock:
+            while len(self._pending) >= WINDOW_BYTES:
+                size = min(len(self._pending) // WINDOW_BYTES, MAX_WINDOWS) * WINDOW_BYTES
+                pcm = bytes(self._pending[:size])
+                del self._pending[:size]
+                self._sent += size // 2
+                epoch = self._epoch
+                probs, window_ms, state = await self._run(pcm)
+                if epoch != self._epoch:  # reset while the call ran: its windows belong to the old turn
+                    continue
+                self._state = state
+                events += self.detector.push(probs, window_ms)
+        return events
+
+    def reset(self) -> None:
+        """Start afresh (after input_audio_buffer.clear / commit); the clock keeps running."""
+        self._sent += len(self._pending) // 2
+        self._pending.clear()
+        self._state = None
+        self._epoch += 1
+        self.detector.reset(clock_ms=1000.0 * self._sent / SAMPLE_RATE)
+
+    async def _run(self, pcm: bytes) -> tuple[list[float], float, bytes]:
+        probs: list[float] | None = None
+        window_ms, state = WINDOW_MS, b""
+        async for chunk in self._engine.stream({"pipeline": PIPELINE, "pcm": pcm, "state": self._state}):
+            kind = chunk.get("type")
+            if kind == "vad":
+                probs, window_ms, state = chunk["probs"], float(chunk["window_ms"]), chunk["state"]
+            elif kind == "end" and chunk.get("status") != "ok":
+                message = str(chunk.get("message") or "voice activity detection failed")
+                raise EngineError(end_kind(chunk), message, client_message=message)
+        if probs is None:
+            raise EngineError(ErrorKind.ENGINE, "the engine returned no speech probabilities")
+        return probs, window_ms, state
+
+
+class _Resampler:
+    """A streaming resampler to 16 kHz (FFmpeg's, through PyAV): no clicks at chunk edges."""
+
+    def __init__(self, rate: int) -> None:
+        self._rate = rate
+        self._av = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+
+    def push(self, pcm: bytes) -> bytes:
+        if not pcm:
+            return b""
+        frame = av.AudioFrame.from_ndarray(np.frombuffer(pcm, "<i2").reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = self._rate
+        out: list[Any] = [f.to_ndarray().reshape(-1) for f in self._av.resample(frame)]
+        return b"".join(a.astype("<i2").tobytes() for a in out)
