@@ -196,7 +196,9 @@ async def test_engine_request_follows_the_contract(connect, requests_seen):
         "modalities",
         "voice",
         "model",
+        "timestamps",
     }
+    assert request["timestamps"] is True  # the spoken answer's word timings (audio is in the modalities)
     assert request["question"] == QUESTION
     assert request["audio"] == pcm + b"\x02\x00" * 10  # session buffer, then the query's audio
     assert [(f["frame_id"], f["pts_ms"]) for f in request["frames"]] == [("f0", 0), ("f2", 1000)]

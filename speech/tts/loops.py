@@ -329,10 +329,20 @@ def sentence_chunks(sentence: SpokenSentence, wave: np.ndarray, *, first: bool, 
     """The client stream chunks for one vocoded piece of a sentence: its start, its PCM, its end.
 
     Every vocoder (hibari's, the codec's) emits exactly these, so the transport has one audio path.
+    The word timings (when the request asked for them) ride both ends: at the start so a listener
+    knows the words before it hears them (a conversation cut short mid-sentence keeps them), at the
+    end as the speech endpoint sends them.
     """
     out: list[dict[str, Any]] = []
     if first:
-        out.append({"type": "sentence.start", "sentence_index": sentence.index, "text": sentence.text})
+        out.append(
+            {
+                "type": "sentence.start",
+                "sentence_index": sentence.index,
+                "text": sentence.text,
+                "timestamps": sentence.timestamps,
+            }
+        )
     if wave.size:
         out.append({"type": "audio", "sentence_index": sentence.index, "pcm": to_pcm16(wave)})
     if last:

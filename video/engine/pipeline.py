@@ -5,13 +5,14 @@ Request (built by the video transport; plain JSON values and bytes, so it also t
     {"pipeline": "video.turn", "question": str, "audio": bytes (PCM16 LE 16 kHz mono),
      "frames": [{"frame_id": str | None, "data": bytes, "pts_ms": number | None}, ...],
      "history": [{"role": "user" | "assistant", "content": str}, ...], "system_prompt": str | None,
-     "modalities": ["text", "audio"], "voice": str | None, "model": str | None}
+     "modalities": ["text", "audio"], "voice": str | None, "model": str | None,
+     "timestamps": bool (the talker times each spoken word, as for the speech endpoint)}
 
 Chunks, in order per kind: ``{"type": "transcript", "text"}`` (only when the question came from the
 audio, before any text); ``{"type": "text", "delta"}``; ``{"type": "text.end"}`` once the answer's
 text is complete (not after a thinker failure), so it can be shown before its audio ends; when
 "audio" is in the modalities the TTS loops' ``sentence.start`` / ``audio`` (PCM16 24 kHz) /
-``sentence.end``, each sentence spoken as soon as the thinker has completed it; then the
+``sentence.end`` (both ends carry the sentence's word ``timestamps`` when asked for), each sentence spoken as soon as the thinker has completed it; then the
 scheduler's ``end``. On success ``end`` carries ``text`` (the whole answer) and ``transcript``
 (when there was one). When the thinker fails in a way the client may hear about (the upstream
 server refused, timed out, sent garbage), ``end`` has ``status: "error"`` and a client-safe

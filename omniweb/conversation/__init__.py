@@ -1,0 +1,94 @@
+"""The protocol-neutral conversation core: one session's state, buffers and turns, no Channels.
+
+Each WebSocket endpoint that converses about the camera (``/v1/video/chat/stream`` in
+video/consumers.py, ``/v1/realtime`` in openai_api/realtime/) is an adapter over this package: it
+parses its wire messages into the typed values below, calls the core, and writes the core's typed
+events back in its own format. Nothing here imports Channels or knows a wire format.
+
+Session (``session.py``)
+    ``Conversation(engine, on_idle=...)``: ``state`` (``ConversationState``: AWAITING_CONFIG → READY
+    ⇄ ANSWERING → FINISHING → CLOSED), ``configure(frames=, audio=, history=)``,
+    ``start_turn(spec, emit, stopped=) -> ActiveTurn`` (runs the turn as a task; each event is
+    awaited through ``emit(turn, event)`` in order), ``interrupt()`` (aborts the engine request at
+    once; the turn emits nothing more), ``wait()``, ``close()``.
+Frame buffer (``frames.py``)
+    ``FrameBuffer(max_frames=, max_bytes=, max_pixels=, filter_threshold=, on_decode_failed=)``:
+    ``await add(b64, received_ms=, frame_id=, pts_ms=, meta=) -> FrameAdded`` (raises
+    ``video.frames.FrameError`` with a client-safe message: the decoding guards, the similarity
+    filter, eviction by count and bytes, the process budget), ``snapshot()``, ``remove_failed()``;
+    frames decode ahead of any turn. ``FrameSelection(num_frames, strategy, window_seconds)`` picks
+    the frames a turn shows the thinker (``"latest_frames"``: the latest N).
+Audio buffer (``audio.py``)
+    ``AudioBuffer(max_bytes, sample_rate)``: ``append(pcm) -> problem | None``, ``take()``, ``clear()``.
+History (``history.py``)
+    ``History(max_turns)``: ``remember(question, answer)``, ``messages()``.
+Turn runner (``turns.py``)
+    ``TurnSpec(question=Question(text, audio), frames, selection, history, instructions, modalities,
+    voice, model, require_frames, request_id)``; ``run_turn(engine, spec)`` yields ``FramesSelected``
+    (or ``NoUsableFrames``), then the typed engine chunks.
+Engine chunks (``chunks.py``), parsed from the engine's dicts in one place (``ChunkParser``)
+    ``Transcript(text)`` (the question as heard, before any text), ``TextDelta(delta)``,
+    ``TextEnd()``, ``SentenceStart(index, text)``, ``AudioChunk(pcm, words, start_ms)`` (PCM16
+    24 kHz; ``words``: ``WordTiming(word, start_ms, end_ms)`` on the answer's audio timeline, each
+    word with the chunk in which it starts, from the talker's own durations), ``SentenceEnd(index)``,
+    ``TurnEnd(status, kind, message, text, transcript, usage)`` with ``Usage`` (estimated tokens).
+
+A minimal adapter::
+
+    conversation = Conversation(engine)
+    conversation.configure(frames=FrameBuffer(...), audio=AudioBuffer(...), history=History(8))
+    await conversation.frames.add(jpeg_b64, received_ms=now_ms())
+    spec = TurnSpec(Question(audio=conversation.audio.take()), frames=conversation.frames.snapshot(),
+                    selection=FrameSelection(2, "latest_frames"), modalities=("text", "audio"))
+    conversation.start_turn(spec, emit)  # async def emit(turn, event): write event in your format
+"""
+
+from .audio import AudioBuffer
+from .chunks import (
+    AudioChunk,
+    ChunkParser,
+    EngineChunk,
+    SentenceEnd,
+    SentenceStart,
+    TextDelta,
+    TextEnd,
+    Transcript,
+    TurnEnd,
+    Usage,
+    WordTiming,
+)
+from .frames import BufferedFrame, FrameAdded, FrameBuffer, FrameSelection
+from .history import History
+from .session import ActiveTurn, Conversation, ConversationState, Emit
+from .turns import FramesSelected, NoUsableFrames, Question, TurnEvent, TurnSpec, now_ms, run_turn
+
+__all__ = [
+    "ActiveTurn",
+    "AudioBuffer",
+    "AudioChunk",
+    "BufferedFrame",
+    "ChunkParser",
+    "Conversation",
+    "ConversationState",
+    "Emit",
+    "EngineChunk",
+    "FrameAdded",
+    "FrameBuffer",
+    "FrameSelection",
+    "FramesSelected",
+    "History",
+    "NoUsableFrames",
+    "Question",
+    "SentenceEnd",
+    "SentenceStart",
+    "TextDelta",
+    "TextEnd",
+    "Transcript",
+    "TurnEnd",
+    "TurnEvent",
+    "TurnSpec",
+    "Usage",
+    "WordTiming",
+    "now_ms",
+    "run_turn",
+]
