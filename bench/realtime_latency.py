@@ -17,7 +17,7 @@ appends), turns found by the server's VAD, answers from the video thinker about 
    any time it would run dry before the answer's last delta. Target: no gap in any conversation.
    Also without a jitter buffer (info), and speech end → first audio under that load.
 
-The server started here runs with ``OMNIWEB_ENGINE_MAX_AHEAD_SECONDS=2`` (the engine stays 2 s
+The server started here runs with ``OMNIWEB_ENGINE_MAX_AHEAD_SECONDS=5`` (the engine stays 5 s
 ahead of playback; the default 30 s writes a short answer whole at once, so nothing would be left to
 stop by the time a barge-in is detected: the client then stops its own playback and truncates).
 
@@ -68,7 +68,7 @@ TARGET_BARGE_IN = 0.100
 JITTER_BUFFER = 0.100
 # The engine stays this far ahead of playback (a voice agent's setting: an answer spoken over is
 # still being written, so barge-in has something to stop, and less synthesis is wasted on it).
-MAX_AHEAD_SECONDS = 2.0
+MAX_AHEAD_SECONDS = 5.0
 perf = time.perf_counter
 
 

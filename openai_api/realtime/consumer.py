@@ -59,7 +59,7 @@ from omniweb.engine.runtime import get_engine_client
 from omniweb.errors import ErrorKind
 from omniweb.protocol import dumps
 from omniweb.sessions import SessionClock, SessionConsumer, spawn
-from omniweb.vad import SpeechStarted, SpeechStopped, VadParams, VoiceActivity
+from omniweb.vad import SpeechStarted, SpeechStopped, TurnDetector, VadParams, VoiceActivity
 from openai_api.protocol import voice_table
 from openai_api.transcribe import PIPELINE as TRANSCRIBE_PIPELINE
 from speech.tts.model import capabilities
@@ -77,6 +77,28 @@ BYTES_PER_MS = P.SAMPLE_RATE * 2 // 1000
 NUM_FRAMES = 4  # the latest images a response looks at
 MAX_FRAMES = 16  # images kept for the conversation (oldest go first)
 MAX_ITEMS = 200
+# A silence this long inside speech starts transcribing the speech before the turn is certain (the
+# rest of silence_duration_ms, 500 ms by default, is then Whisper's head start); speech resuming
+# abandons it.
+EARLY_TRANSCRIBE_AFTER_MS = 100
+EARLY_TAIL_MS = 100  # silence kept after the speech in what is transcribed early
+
+
+class _Detector(TurnDetector):
+    """omniweb.vad's detector, telling where the silence that may end the turn began."""
+
+    @property
+    def silence_since_ms(self) -> float | None:
+        return self._silence_from if self.speaking else None
+
+
+@dataclass(eq=False)
+class _Early:
+    """A transcription started at a silence inside speech, before the turn was certain."""
+
+    silence_ms: float  # where that silence began (stream clock)
+    request_id: str
+    task: asyncio.Task[str | None]
 
 
 class _InputAudio:
@@ -108,6 +130,15 @@ class _InputAudio:
         if rest:
             self.buffer.append(rest)
         return pcm[cut_from:cut_to]
+
+    def peek(self, start_ms: float, end_ms: float) -> bytes:
+        """The audio between two stream times, left in the buffer."""
+        pcm = self.buffer.take()
+        self.buffer.append(pcm)
+        base = self.start_ms
+        lo = max(0, round((start_ms - base) * BYTES_PER_MS) // 2 * 2)
+        hi = min(len(pcm), round((end_ms - base) * BYTES_PER_MS) // 2 * 2)
+        return pcm[lo:hi]
 
     def keep_last(self, ms: float) -> None:
         """Drop all but the last ``ms`` (silence before any speech is never committed)."""
@@ -159,6 +190,8 @@ class RealtimeConsumer(SessionConsumer):
         self.input = _InputAudio(P.MAX_INPUT_AUDIO_MS)
         self.vad: VoiceActivity | None = None
         self.vad_item_id: str | None = None  # the item id announced with speech_started
+        self.speech_start_ms: float | None = None  # where the speech of that item starts (stream clock)
+        self.early: _Early | None = None
         self.running: _Running | None = None
         self.tasks: list[asyncio.Task[Any]] = []
         self.closed = False
@@ -251,7 +284,9 @@ class RealtimeConsumer(SessionConsumer):
             return
         params = VadParams(td.threshold, td.prefix_padding_ms, td.silence_duration_ms)
         self.vad = VoiceActivity(self.engine, params, sample_rate=P.SAMPLE_RATE)
+        self.vad.detector = _Detector(params)
         self.vad_item_id = None
+        self._drop_early()
 
     # -- input audio -------------------------------------------------------------------------------
     async def on_audio_append(self, event: P.AudioAppendEvent) -> None:
@@ -276,14 +311,41 @@ class RealtimeConsumer(SessionConsumer):
                 await self._speech_started(vad_event)
             elif isinstance(vad_event, SpeechStopped):
                 await self._speech_stopped(vad_event)
-        if vad is self.vad and not vad.speaking and self.vad_item_id is None:
+        if vad is not self.vad:
+            return
+        if not vad.speaking and self.vad_item_id is None:
             self.input.keep_last(vad.params.prefix_padding_ms + 100)
+        self._maybe_transcribe_early(vad)
+
+    def _maybe_transcribe_early(self, vad: VoiceActivity) -> None:
+        """Start Whisper on the speech so far once a silence inside it has lasted a moment; drop a
+        transcription whose silence ended (the speaker went on)."""
+        detector = vad.detector
+        silence = detector.silence_since_ms if isinstance(detector, _Detector) else None
+        early = self.early
+        if early is not None and early.silence_ms != silence:
+            self._drop_early()
+        if (
+            silence is None
+            or self.early is not None
+            or self.speech_start_ms is None
+            or detector.clock_ms - silence < EARLY_TRANSCRIBE_AFTER_MS
+        ):
+            return
+        pcm = self.input.peek(self.speech_start_ms, silence + EARLY_TAIL_MS)
+        request_id = P.new_id("asr")
+        self.early = _Early(silence, request_id, spawn(self._transcript_of(pcm, request_id), "early transcription"))
+
+    def _drop_early(self) -> None:
+        early, self.early = getattr(self, "early", None), None
+        if early is not None and not early.task.done():
+            early.task.cancel()  # closing the stream aborts the engine request
 
     async def _speech_started(self, event: SpeechStarted) -> None:
         td = self.config.turn_detection
         self.vad_item_id = P.new_id("item")
         await self.send_event(P.speech_started(event.audio_start_ms, self.vad_item_id))
-        self._speech_start_ms = float(event.audio_start_ms)
+        self.speech_start_ms = float(event.audio_start_ms)
         if td is not None and td.interrupt_response and self.running is not None:
             await self._cancel(P.cancelled("turn_detected"))
 
@@ -291,10 +353,16 @@ class RealtimeConsumer(SessionConsumer):
         item_id = self.vad_item_id or P.new_id("item")
         self.vad_item_id = None
         await self.send_event(P.speech_stopped(event.audio_end_ms, item_id))
-        pcm = self.input.take(getattr(self, "_speech_start_ms", None), float(event.audio_end_ms))
+        pcm = self.input.take(self.speech_start_ms, float(event.audio_end_ms))
+        self.speech_start_ms = None
+        early, self.early = self.early, None
         if self.vad is not None:
             self.vad.reset()
-        item = await self._commit(pcm, item_id, event_id=None)
+        transcript = None
+        if early is not None:  # the silence it started at is the one that ended the turn
+            (result,) = await asyncio.gather(early.task, return_exceptions=True)
+            transcript = result if isinstance(result, str) else None  # else the turn's own Whisper pass
+        item = await self._commit(pcm, item_id, event_id=None, transcript=transcript)
         td = self.config.turn_detection
         if item is not None and td is not None and td.create_response:
             if self.running is not None:  # interrupt_response was off: the new turn waits for no one
@@ -313,12 +381,17 @@ class RealtimeConsumer(SessionConsumer):
         item_id = self.vad_item_id or P.new_id("item")
         self.vad_item_id = None
         pcm = self.input.take()
+        self.speech_start_ms = None
+        self._drop_early()
         if self.vad is not None:
             self.vad.reset()
         await self._commit(pcm, item_id, event_id=event.event_id)
 
-    async def _commit(self, pcm: bytes, item_id: str, event_id: str | None) -> P.Item | None:
-        """The committed audio becomes a user item (committed, added, done); its transcript follows."""
+    async def _commit(
+        self, pcm: bytes, item_id: str, event_id: str | None, transcript: str | None = None
+    ) -> P.Item | None:
+        """The committed audio becomes a user item (committed, added, done); its transcript follows,
+        unless it was made early (``transcript``)."""
         item = P.Item(id=item_id, role="user", content=[{"type": "input_audio", "transcript": None}], audio=pcm)
         if not self._add_item(item, None, event_id):
             return None
@@ -326,6 +399,9 @@ class RealtimeConsumer(SessionConsumer):
         await self.send_event(P.audio_committed(item.id, previous))
         await self.send_event(P.item_added(item, previous))
         await self.send_event(P.item_done(item, previous))
+        if transcript is not None:
+            await self._transcribed(item, transcript)
+            return item
         td = self.config.turn_detection
         responding = td is not None and td.create_response and event_id is None
         if self.config.audio.input.transcription is not None and not responding:
@@ -335,32 +411,42 @@ class RealtimeConsumer(SessionConsumer):
     async def on_audio_clear(self, event: P.AudioClearEvent) -> None:
         self.input.clear()
         self.vad_item_id = None
+        self.speech_start_ms = None
+        self._drop_early()
         if self.vad is not None:
             self.vad.reset()
         await self.send_event(P.audio_cleared())
 
     async def _transcribe(self, item: P.Item) -> None:
-        """The item's transcript when no response transcribes it: the engine's Whisper, as /v1/audio/transcriptions."""
+        """The item's transcript when no response transcribes it."""
+        transcript = await self._transcript_of(item.audio, P.new_id("asr"))
+        if transcript is None:
+            await self.send_event(P.transcription_failed(item.id, "Transcription failed"))
+        else:
+            await self._transcribed(item, transcript)
+
+    async def _transcript_of(self, pcm24: bytes, request_id: str) -> str | None:
+        """Whisper on the engine (``audio.transcribe``, the model /v1/audio/transcriptions uses);
+        None when the engine refused or failed."""
         transcription = self.config.audio.input.transcription
         request = {
             "pipeline": TRANSCRIBE_PIPELINE,
-            "audio": P.to_engine_rate(item.audio),
+            "audio": P.to_engine_rate(pcm24),
             "prompt": transcription.prompt if transcription is not None else None,
             "temperature": 0.0,
             "words": False,
         }
         texts: list[str] = []
-        failed: str | None = None
-        async with contextlib.aclosing(self.engine.stream(request)) as stream:
+        async with contextlib.aclosing(self.engine.stream(request, request_id)) as stream:
             async for chunk in stream:
                 if chunk.get("type") == "segment":
                     texts.append(str(chunk["segment"].get("text", "")))
                 elif chunk.get("type") == "end" and chunk.get("status") != "ok":
-                    failed = str(chunk.get("message") or "Transcription failed")
-        if failed is not None:
-            await self.send_event(P.transcription_failed(item.id, failed))
-            return
-        await self._transcribed(item, "".join(texts).strip())
+                    logger.warning(
+                        "realtime transcription ended with %s: %s", chunk.get("status"), chunk.get("message")
+                    )
+                    return None
+        return "".join(texts).strip()
 
     async def _transcribed(self, item: P.Item, transcript: str) -> None:
         if item.content and item.content[0].get("type") == "input_audio":
@@ -638,6 +724,7 @@ class RealtimeConsumer(SessionConsumer):
             return
         self.closed = True
         self.running = None
+        self._drop_early()
         await self.core.close()
         current = asyncio.current_task()
         for task in self.tasks:
