@@ -132,6 +132,7 @@ class Turn:
 
     speech_started: float | None = None
     speech_stopped: float | None = None
+    transcribed: float | None = None  # conversation.item.input_audio_transcription.completed
     first_transcript: float | None = None
     first_audio: float | None = None
     done: float | None = None
@@ -145,7 +146,10 @@ async def open_conn(client: openai.AsyncOpenAI, **session: Any) -> Any:
     manager = client.realtime.connect(model="gpt-realtime")
     conn = await manager.__aenter__()
     assert (await conn.recv()).type == "session.created"
-    await conn.session.update(session={"type": "realtime", "output_modalities": ["audio"], **session})
+    transcription = {"input": {"transcription": {"model": "whisper-1", "language": "en"}}}
+    await conn.session.update(
+        session={"type": "realtime", "output_modalities": ["audio"], "audio": transcription, **session}
+    )
     assert (await conn.recv()).type == "session.updated"
     await conn.conversation.item.create(
         item={"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": IMAGE}]}
@@ -175,6 +179,8 @@ async def read_turn(conn: Any, turn: Turn, *, stop_on: str = "response.done") ->
             turn.speech_started = now
         elif kind == "input_audio_buffer.speech_stopped" and turn.speech_stopped is None:
             turn.speech_stopped = now
+        elif kind == "conversation.item.input_audio_transcription.completed" and turn.transcribed is None:
+            turn.transcribed = now
         elif kind == "response.output_audio_transcript.delta" and turn.first_transcript is None:
             turn.first_transcript = now
         elif kind == "response.output_audio.delta":
@@ -226,6 +232,23 @@ async def barge_in(client: openai.AsyncOpenAI, pcm: bytes) -> tuple[Turn, int]:
         await manager.__aexit__(None, None, None)
 
 
+async def whisper_alone(client: openai.AsyncOpenAI, pcm: bytes) -> float:
+    """The same question through /v1/audio/transcriptions (the same Whisper): the share of the
+    turn's latency that is Whisper's on this machine right now."""
+    import io
+    import wave
+
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(RATE)
+        w.writeframes(pcm)
+    start = perf()
+    await client.audio.transcriptions.create(model="whisper-1", file=("q.wav", buf.getvalue(), "audio/wav"))
+    return perf() - start
+
+
 def gaps(turn: Turn, buffer_s: float) -> float:
     """Seconds a player would run dry, starting at the first delta plus ``buffer_s``."""
     if not turn.deltas:
@@ -259,14 +282,18 @@ async def run(base: str, api_key: str, reps: int, concurrent: int) -> int:
 
     print("## Realtime API (`bench/realtime_latency.py`)\n")
     print(f"`uptime` at the start: {os.getloadavg()[0]:.2f} (1-min load), {os.cpu_count()} CPUs\n")
-    first_audio, first_text = [], []
+    first_audio, first_text, transcribed, whisper = [], [], [], []
+    speech = pcm[RATE : -3 * RATE]  # the question without most of its silence, as a turn commits it
     for i in range(reps):
         log(f"spoken turn {i + 1}/{reps}")
+        whisper.append(await whisper_alone(client, speech))
         turn = await spoken_turn(client, pcm)
         if turn.errors or turn.status != "completed" or turn.first_audio is None or turn.speech_stopped is None:
             failures.append(f"spoken turn {i}: {turn.status} {turn.errors}")
             continue
         first_audio.append(turn.first_audio - turn.speech_stopped)
+        if turn.transcribed is not None:
+            transcribed.append(turn.transcribed - turn.speech_stopped)
         first_text.append((turn.first_transcript or turn.first_audio) - turn.speech_stopped)
     stops, late_bytes = [], []
     for i in range(reps):
@@ -281,6 +308,10 @@ async def run(base: str, api_key: str, reps: int, concurrent: int) -> int:
 
     print(f"### 1-2. One conversation at a time (N={reps})\n")
     print("| measure | n | median ms | p90 ms | max ms |\n|---|---|---|---|---|")
+    if whisper:
+        print(row("Whisper alone on the question (/v1/audio/transcriptions, same run; info)", whisper))
+    if transcribed:
+        print(row("speech_stopped → input_audio_transcription.completed", transcribed))
     if first_text:
         print(row("speech_stopped → first transcript delta", first_text))
     if first_audio:

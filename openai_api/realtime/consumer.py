@@ -80,7 +80,7 @@ MAX_ITEMS = 200
 # A silence this long inside speech starts transcribing the speech before the turn is certain (the
 # rest of silence_duration_ms, 500 ms by default, is then Whisper's head start); speech resuming
 # abandons it.
-EARLY_TRANSCRIBE_AFTER_MS = 100
+EARLY_TRANSCRIBE_AFTER_MS = 200
 EARLY_TAIL_MS = 100  # silence kept after the speech in what is transcribed early
 
 
