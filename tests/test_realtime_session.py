@@ -26,6 +26,13 @@ def pcm(voice: Hibari, text: str) -> bytes:
     return (np.clip(voice(text, seed=7), -1, 1) * 32767).astype("<i2").tobytes()
 
 
+def trimmed(voice: Hibari, text: str) -> bytes:
+    """Our voice without its own leading and trailing silence."""
+    wave = np.clip(voice(text, seed=7), -1, 1)
+    loud = np.flatnonzero(np.abs(wave) > 0.02 * np.abs(wave).max())
+    return (wave[loud[0] : loud[-1] + 1] * 32767).astype("<i2").tobytes()
+
+
 def silence(seconds: float) -> bytes:
     return bytes(int(RATE * seconds) * 2)
 
@@ -64,7 +71,8 @@ async def test_a_pause_inside_a_question_does_not_end_the_turn(connect: Callable
     comm = await open_session(
         connect, output_modalities=["text"], audio={"input": {"transcription": {"model": "whisper-1"}}}
     )
-    question = silence(0.5) + pcm(voice, "How many people") + silence(0.3) + pcm(voice, "can you see?")
+    # 350 ms of silence: past the early transcription's 200 ms, short of the turn's 500 ms
+    question = silence(0.5) + trimmed(voice, "How many people") + silence(0.35) + trimmed(voice, "can you see?")
     await append(comm, question + silence(1.5))
     events = await until(comm, "response.done")
     types = [e["type"] for e in events]
