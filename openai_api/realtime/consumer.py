@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -218,12 +218,17 @@ class RealtimeConsumer(SessionConsumer):
         )
         offered = [str(p) for p in self.scope.get("subprotocols") or []]
         await self.accept(SUBPROTOCOL if SUBPROTOCOL in offered else None)
-        self.tasks.append(spawn(self.clock.run(), "realtime session clock"))
+        self._spawn(self.clock.run(), "realtime session clock")
         await self.send_event(P.session_created(self.config))
 
     async def disconnect(self, code: int) -> None:
         await self._shutdown()
         logger.info("realtime session closed (code %s)", code)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], what: str) -> None:
+        """A task of the session (cancelled at its end); finished ones are forgotten."""
+        self.tasks = [t for t in self.tasks if not t.done()]
+        self.tasks.append(spawn(coro, what))
 
     def _touch(self) -> None:
         if getattr(self, "clock", None) is not None:
@@ -405,7 +410,7 @@ class RealtimeConsumer(SessionConsumer):
         td = self.config.turn_detection
         responding = td is not None and td.create_response and event_id is None
         if self.config.audio.input.transcription is not None and not responding:
-            self.tasks.append(spawn(self._transcribe(item), "realtime transcription"))
+            self._spawn(self._transcribe(item), "realtime transcription")
         return item
 
     async def on_audio_clear(self, event: P.AudioClearEvent) -> None:
@@ -506,25 +511,24 @@ class RealtimeConsumer(SessionConsumer):
         await self.send_event(P.item_added(item, previous))
         await self.send_event(P.item_done(item, previous))
         if item.audio and self.config.audio.input.transcription is not None and not item.text():
-            self.tasks.append(spawn(self._transcribe(item), "realtime transcription"))
+            self._spawn(self._transcribe(item), "realtime transcription")
 
     async def _add_image(self, item: P.Item, part: P.InputImage, param: str, event_id: str | None) -> None:
         b64 = P.image_from_data_url(part.image_url, param=param)
         frames = self.core.frames
         assert frames is not None
         try:
-            added = await frames.add(b64, received_ms=now_ms(), meta={"item_id": item.id})
+            # The buffer holds the image, not the item: its bytes leave with the buffer's oldest.
+            await frames.add(b64, received_ms=now_ms(), meta={"item_id": item.id})
         except FrameError as exc:
             raise RealtimeError(exc.message, param=param, code="invalid_image", event_id=event_id) from None
-        if added.frame is not None:
-            item.frames.append(added.frame)
 
     def _decode_failed(self, frame: BufferedFrame) -> None:
         frames = self.core.frames
         if frames is not None and frames.remove_failed(frame):
             item_id = frame.meta.get("item_id")
             err = RealtimeError(f"The image of item '{item_id}' could not be decoded", code="invalid_image")
-            self.tasks.append(spawn(self.refuse(err), "realtime decode report"))
+            self._spawn(self.refuse(err), "realtime decode report")
 
     async def on_item_delete(self, event: P.ItemDeleteEvent) -> None:
         try:

@@ -7,8 +7,9 @@ echoing the client's ``event_id``; the session survives every refusal.
 
 Choices where OpenAI leaves room (also in the README's realtime section):
 
-- ``usage`` counts whitespace-separated words as text tokens, 12.5 ms acoustic frames as audio
-  tokens (as ``/v1/audio/speech`` does) and one token per image: the thinker has no tokenizer.
+- ``usage`` carries the conversation core's estimates (``omniweb.conversation.Usage``: OpenAI's
+  published rates applied to what was sent and heard; the thinker has no tokenizer); ``usage()``
+  only shapes them, and counts words and 12.5 ms frames for a response that never reached the engine.
 - ``conversation.item.truncate`` keeps exactly the words whose audio ended by ``audio_end_ms``,
   from the talker's word timings (OpenAI's server cannot place the cut precisely).
 - Images come only as data URLs (``data:image/jpeg|png;base64,...``): the server never downloads.
@@ -640,7 +641,6 @@ class Item:
     content: list[dict[str, Any]]
     status: str = "completed"
     audio: bytes = b""  # a user's input audio (PCM16 24 kHz), for the thinker and retrieve
-    frames: list[Any] = field(default_factory=list)  # the consumer's buffered images of this item
     words: list[HeardWord] = field(default_factory=list)  # an assistant's audio: word timings
     audio_ms: int = 0  # an assistant's audio length (after a truncate: what was heard)
 
