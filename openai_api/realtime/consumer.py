@@ -268,6 +268,10 @@ class RealtimeConsumer(SessionConsumer):
             await self.handlers[event.type](event)
         except RealtimeError as err:
             await self.refuse(err)
+        except Exception:  # a bug or an engine failure in one handler: report it, keep the session
+            logger.exception("realtime event handler failed")
+            err = RealtimeError("The server could not handle the event", code="server_error", type="server_error")
+            await self.refuse(err, ErrorKind.ENGINE)
 
     # -- session -----------------------------------------------------------------------------------
     async def on_session_update(self, event: P.SessionUpdateEvent) -> None:
