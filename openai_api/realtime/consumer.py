@@ -143,7 +143,7 @@ class _InputAudio:
     def keep_last(self, ms: float) -> None:
         """Drop all but the last ``ms`` (silence before any speech is never committed)."""
         if self.end_ms - self.start_ms > ms:
-            self.take(start_ms=self.end_ms, end_ms=self.end_ms - ms)
+            self.take(end_ms=self.end_ms - ms)
 
     def clear(self) -> None:
         end = self.end_ms
