@@ -239,7 +239,9 @@ class RealtimeConsumer(SessionConsumer):
         if not self.closed:
             await self.send(text_data=dumps(payload))
 
-    async def refuse(self, err: RealtimeError, kind: ErrorKind = ErrorKind.CLIENT) -> None:
+    async def refuse(self, err: RealtimeError, kind: ErrorKind | None = None) -> None:
+        if kind is None:
+            kind = ErrorKind.ENGINE if err.type == "server_error" else ErrorKind.CLIENT
         metrics.count_error(kind.value)
         await self.send_event(P.error_event(err))
 
@@ -602,7 +604,8 @@ class RealtimeConsumer(SessionConsumer):
         kind = "output_audio" if response.audio else "output_text"
         empty = {"type": kind, "transcript": ""} if response.audio else {"type": kind, "text": ""}
         item = P.Item(id=P.new_id("item"), role="assistant", content=[empty], status="in_progress")
-        question = next((i for i in reversed(self.items.items) if i.role == "user"), None)
+        # The question: the latest user item that says something (an image alone asks nothing).
+        question = next((i for i in reversed(self.items.items) if i.role == "user" and (i.text() or i.audio)), None)
         instructions = "\n".join(
             t for t in (params.instructions or session.instructions, self.items.system_text()) if t
         )
