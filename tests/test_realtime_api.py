@@ -200,7 +200,6 @@ async def test_a_spoken_question_about_an_image_with_server_vad(conn: Any, spoke
 
 async def test_manual_turns_commit_and_answer_an_audio_item(conn: Any, spoken: bytes) -> None:
     await configure(conn, output_modalities=["text"], audio={"input": {"turn_detection": None}})
-    await show(conn)
     await stream_audio(conn, spoken)
     await conn.input_audio_buffer.commit()
     events = await until(conn, "conversation.item.done")
@@ -209,6 +208,7 @@ async def test_manual_turns_commit_and_answer_an_audio_item(conn: Any, spoken: b
         "conversation.item.added",
         "conversation.item.done",
     ]
+    await show(conn)  # the image comes after the question: the question is still the spoken one
     committed = events[0].item_id
     await conn.response.create()
     events = await until(conn, "response.done")
