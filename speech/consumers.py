@@ -30,9 +30,18 @@ import numpy as np
 from django.conf import settings
 
 from omniweb import metrics  # ops instrumentation: time to first audio
+from omniweb.conversation.chunks import (
+    AudioChunk,
+    CodecCodes,
+    EngineChunk,
+    SentenceEnd,
+    SentenceStart,
+    TurnEnd,
+    parse_chunk,
+)
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
-from omniweb.errors import ErrorKind, end_kind
+from omniweb.errors import ErrorKind
 from omniweb.protocol import excerpt
 from omniweb.sessions import SessionClock, SessionConsumer, spawn
 
@@ -432,10 +441,12 @@ class SpeechStreamConsumer(SessionConsumer):
         self.clock.touch()  # the idle clock pauses while audio is made
         try:
             async with contextlib.aclosing(self.engine.stream(request, utt.request_id)) as stream:
-                async for chunk in stream:
-                    if chunk["type"] == "end":
+                async for raw in stream:
+                    chunk = parse_chunk(raw)  # the engine's dicts become types in one place
+                    if isinstance(chunk, TurnEnd):
                         return await self._on_end(utt, config, chunk)
-                    await self._on_chunk(utt, config, chunk)
+                    if chunk is not None:
+                        await self._on_chunk(utt, config, chunk)
                     if self.send_stalled or self.client_gone:  # failed by a send, or gone (sessions.py)
                         return "stalled"  # leaving the loop closes the engine stream, which aborts the request
         finally:
@@ -443,25 +454,24 @@ class SpeechStreamConsumer(SessionConsumer):
             self.clock.touch()
         raise RuntimeError("engine stream ended without an end chunk")
 
-    async def _on_end(self, utt: _Utterance, config: SessionConfig, chunk: dict[str, Any]) -> str:
-        status = chunk["status"]
+    async def _on_end(self, utt: _Utterance, config: SessionConfig, end: TurnEnd) -> str:
+        status = end.status
+        kind = end.kind or ErrorKind.ENGINE
         if status == "ok":
-            utt.rng_state = chunk.get("rng_state")
+            utt.rng_state = end.rng_state
         elif status == "cancelled" and utt.cancelled:
             await self._end_utterance(utt, config, cancelled=True)
         elif status in ("busy", "unavailable") and utt.sentences == 0 and utt.current is None:
             # nothing was generated: the client may retry
-            await self.send_json(protocol.error(chunk["message"], kind=end_kind(chunk)))
+            await self.send_json(protocol.error(end.message or "", kind=kind))
             await self.send_json(protocol.session_done(utt.index, 0))
         elif status in ("busy", "unavailable"):  # a later request of an utterance that already spoke
-            await self.send_json(protocol.error(chunk["message"], kind=end_kind(chunk)))
-            await self._end_utterance(utt, config, failed=True, kind=end_kind(chunk))
+            await self.send_json(protocol.error(end.message or "", kind=kind))
+            await self._end_utterance(utt, config, failed=True, kind=kind)
         else:
-            logger.warning(
-                "utterance %d ended with %s (%s): %s", utt.index, status, chunk.get("kind"), chunk.get("message")
-            )
-            retry = chunk.get("message") if "retry" in str(chunk.get("message")) else None
-            await self._end_utterance(utt, config, failed=True, kind=end_kind(chunk), reason=retry)
+            logger.warning("utterance %d ended with %s (%s): %s", utt.index, status, end.kind, end.message)
+            retry = end.message if "retry" in str(end.message) else None
+            await self._end_utterance(utt, config, failed=True, kind=kind, reason=retry)
         return status
 
     async def _replay_pending(self) -> None:
@@ -476,24 +486,23 @@ class SpeechStreamConsumer(SessionConsumer):
         finally:
             self.replaying = False
 
-    async def _on_chunk(self, utt: _Utterance, config: SessionConfig, chunk: dict[str, Any]) -> None:
-        kind = chunk["type"]
+    async def _on_chunk(self, utt: _Utterance, config: SessionConfig, chunk: EngineChunk) -> None:
         if utt.codec is not None:
             await self._on_codec_chunk(utt, utt.codec, config, chunk)
-        elif kind == "sentence.start":
+        elif isinstance(chunk, SentenceStart):
             if utt.merge and utt.current is not None:  # the next engine sentence continues the flush
                 utt.current.part_start = utt.current.pcm_bytes
                 return
-            utt.current = _Sentence(index=utt.sentences, text=utt.text if utt.merge else chunk["text"])
+            utt.current = _Sentence(index=utt.sentences, text=utt.text if utt.merge else chunk.text)
             await self.send_json(protocol.audio_start(config, utt.index, utt.current.index, utt.current.text))
-        elif kind == "audio" and utt.current is not None:
-            await self._on_audio(utt, utt.current, config, chunk["pcm"])
-        elif kind == "sentence.end" and utt.current is not None:
+        elif isinstance(chunk, AudioChunk) and utt.current is not None:
+            await self._on_audio(utt, utt.current, config, chunk.pcm)
+        elif isinstance(chunk, SentenceEnd) and utt.current is not None:
             sentence = utt.current
             offset = protocol.samples_to_ms(sentence.part_start)
-            for word in chunk["timestamps"] or ():
+            for word in chunk.words:
                 sentence.timestamps.append(
-                    {**word, "start_ms": word["start_ms"] + offset, "end_ms": word["end_ms"] + offset}
+                    {"word": word.word, "start_ms": word.start_ms + offset, "end_ms": word.end_ms + offset}
                 )
             if not utt.merge:
                 await self._close_sentence(utt, sentence, config)
@@ -539,22 +548,21 @@ class SpeechStreamConsumer(SessionConsumer):
         utt.ttfa.audio_sent(stream=True)  # ops
 
     async def _on_codec_chunk(
-        self, utt: _Utterance, codec: dict[str, Any], config: SessionConfig, chunk: dict[str, Any]
+        self, utt: _Utterance, codec: dict[str, Any], config: SessionConfig, chunk: EngineChunk
     ) -> None:
         """codec_tokens mode: codec.start, one binary packet per engine packet, codec.done."""
-        kind = chunk["type"]
-        if kind == "sentence.start":
-            utt.current = _Sentence(index=utt.sentences, text=chunk["text"])
+        if isinstance(chunk, SentenceStart):
+            utt.current = _Sentence(index=utt.sentences, text=chunk.text)
             await self.send_json(self._codec_start(utt, codec, config, utt.current))
-        elif kind == "codes" and utt.current is not None:
+        elif isinstance(chunk, CodecCodes) and utt.current is not None:
             sentence = utt.current
-            last = bool(chunk["last"])
-            rows = np.frombuffer(chunk["codes"], dtype="<i2").reshape(-1, codec["codebooks"])
+            last = chunk.last
+            rows = np.frombuffer(chunk.codes, dtype="<i2").reshape(-1, codec["codebooks"])
             packet = wire.pack_codec_frame(
                 sentence.seq,
                 rows,
                 eos=last,  # the stream's last packet: the client flushes its decoder
-                segment_end=last and bool(chunk["more"]),  # a sentence boundary inside the flush
+                segment_end=last and chunk.more,  # a sentence boundary inside the flush
                 codebooks=codec["codebooks"],
                 codebook_size=codec["codebook_size"],
             )
@@ -564,7 +572,7 @@ class SpeechStreamConsumer(SessionConsumer):
             sentence.eos_sent = last
             utt.ttfa.audio_sent(stream=True)  # ops
             self._played(utt, rows.shape[0] * FRAME_SECONDS)
-        elif kind == "sentence.end" and utt.current is not None:
+        elif isinstance(chunk, SentenceEnd) and utt.current is not None:
             sentence = utt.current
             await self.send_json(protocol.codec_done(utt.index, sentence.index, sentence.frames, sentence.seq - 1))
             utt.sentences += 1

@@ -10,7 +10,9 @@ inbox. One processor task takes the inbox in order, with one handler per message
 audio and queries keep their arrival order while the reader stays free.
 
 A turn (``video.query``) runs as the core's turn task; a newer query interrupts it (the engine
-request is aborted and the old turn sends nothing more).
+request is aborted and the old turn sends nothing more). With ``turn_detection`` (server VAD, our
+extension) the streamed ``audio.chunk``s also go through the core's ``Listener``: the speaker
+stopping starts a turn over what was said, the speaker starting interrupts the answer.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from omniweb.conversation import (
     ActiveTurn,
     AudioBuffer,
     AudioChunk,
+    AudioRefused,
     BufferedFrame,
     Conversation,
     ConversationState,
@@ -38,8 +41,10 @@ from omniweb.conversation import (
     FrameSelection,
     FramesSelected,
     History,
+    Listener,
     NoUsableFrames,
     Question,
+    SpeechSegment,
     TextDelta,
     TextEnd,
     Transcript,
@@ -49,9 +54,10 @@ from omniweb.conversation import (
 )
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
-from omniweb.errors import ErrorKind
+from omniweb.errors import EngineError, ErrorKind
 from omniweb.protocol import excerpt
 from omniweb.sessions import SessionClock, SessionConsumer, spawn
+from omniweb.vad import SpeechStarted, SpeechStopped, VadParams, VoiceActivity
 from speech.tts.model import capabilities
 
 from . import protocol
@@ -106,6 +112,7 @@ class VideoStreamConsumer(SessionConsumer):
         self.queued_bytes = 0
         self.tasks: list[asyncio.Task[None]] = []
         self.replies: dict[ActiveTurn, _Reply] = {}
+        self.listener: Listener | None = None  # with turn_detection: server VAD over the audio
         # First use may load the models: off the event loop, and before the handshake so the config
         # clock only starts once the session can be served.
         self.engine: EngineClient = await asyncio.to_thread(get_engine_client)
@@ -162,6 +169,7 @@ class VideoStreamConsumer(SessionConsumer):
                 getattr(self, name).clear()
         self.clock = None
         self.conversation = None
+        self.listener = None
 
     def _on_turn_idle(self) -> None:
         if self.clock is not None:
@@ -221,6 +229,13 @@ class VideoStreamConsumer(SessionConsumer):
             audio=AudioBuffer(protocol.MAX_AUDIO_BUFFER_BYTES, protocol.INPUT_SAMPLE_RATE),
             history=History(turns),
         )
+        if (vad := config.turn_detection) is not None:
+            params = VadParams(vad.threshold, vad.prefix_padding_ms, vad.silence_duration_ms)
+            self.listener = Listener(
+                VoiceActivity(self.engine, params, protocol.INPUT_SAMPLE_RATE),
+                self.audio,
+                take_segments=vad.create_response,
+            )
         self.tasks.append(spawn(self._process(), "video session processor"))
 
     # -- the processor: one handler per message type -----------------------------------------------
@@ -288,8 +303,38 @@ class VideoStreamConsumer(SessionConsumer):
         except ProtocolError as exc:
             await self.send_json(protocol.error(exc.message))
             return
-        if problem := self.audio.append(pcm):
-            await self.send_json(protocol.error(problem))
+        if self.listener is None:
+            if problem := self.audio.append(pcm):
+                await self.send_json(protocol.error(problem))
+            return
+        try:
+            events = await self.listener.feed(pcm)
+        except AudioRefused as exc:
+            await self.send_json(protocol.error(exc.message))
+            return
+        except EngineError as exc:  # the VAD call failed (capacity, a lost worker): this audio is unheard
+            message = exc.client_message or "Voice activity detection failed"
+            await self.send_json(protocol.error(message, exc.kind))
+            return
+        for event in events:
+            await self.on_heard(event)
+
+    async def on_heard(self, event: SpeechStarted | SpeechStopped | SpeechSegment) -> None:
+        """Server VAD: barge-in on speech start, a turn over the speech once it stopped."""
+        config = self.config
+        assert config is not None and config.turn_detection is not None
+        if isinstance(event, SpeechStarted):
+            if config.turn_detection.interrupt_response:
+                await self.conversation.interrupt()  # as a new query does: the answer stops at once
+            await self.send_json(protocol.speech_started(event.audio_start_ms))
+        elif isinstance(event, SpeechStopped):
+            await self.send_json(protocol.speech_stopped(event.audio_end_ms))
+        elif event.audio:  # create_response: answered as a video.query without text would be
+            await self.conversation.interrupt()
+            if not len(self.frames):
+                await self.send_json(protocol.error("No frames buffered"))
+                return
+            self._start_turn("", event.audio)
 
     async def on_video_query(self, msg: dict[str, Any]) -> None:
         text = msg.get("text", "")
@@ -303,21 +348,24 @@ class VideoStreamConsumer(SessionConsumer):
             except ProtocolError as exc:
                 await self.send_json(protocol.error(exc.message))
             else:
-                if problem := self.audio.append(pcm):
+                append = self.listener.append_unheard if self.listener is not None else self.audio.append
+                if problem := append(pcm):
                     await self.send_json(protocol.error(problem))
         await self.conversation.interrupt()
         if not len(self.frames):
             await self.send_json(protocol.error("No frames buffered"))
             return
-        self._start_turn(text)
+        if self.listener is not None:
+            self.listener.taken()
+        self._start_turn(text, self.audio.take())
 
-    def _start_turn(self, text: str) -> None:
-        """A turn over the buffered frames and the audio buffered since the last one."""
+    def _start_turn(self, text: str, audio: bytes) -> None:
+        """A turn over the buffered frames: the question's text and/or its audio."""
         config = self.config
         assert config is not None
         snapshot = self.frames.snapshot()
         spec = TurnSpec(
-            question=Question(text=text, audio=self.audio.take()),
+            question=Question(text=text, audio=audio),
             frames=snapshot,
             selection=FrameSelection(
                 num_frames=config.num_frames,

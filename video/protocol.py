@@ -36,6 +36,23 @@ AUDIO_EVENTS = {
 }
 
 
+class ServerVad(BaseModel):
+    """``turn_detection``: OpenAI's ``server_vad`` fields and defaults (ours: an opt-in extension).
+
+    With it, streamed ``audio.chunk``s go through voice-activity detection: the server says when
+    speech starts and stops, answers each spoken turn (``create_response``) and stops an answer
+    when the speaker talks over it (``interrupt_response``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["server_vad"]
+    threshold: float = Field(default=0.5, ge=0.0, le=1.0)
+    prefix_padding_ms: int = Field(default=300, ge=0, le=5000)
+    silence_duration_ms: int = Field(default=500, ge=32, le=10000)  # at least one 32 ms VAD window
+    create_response: bool = True
+    interrupt_response: bool = True
+
+
 class VideoSessionConfig(BaseModel):
     """``session.config``, the first message; legacy names are accepted when the new one is absent."""
 
@@ -61,6 +78,7 @@ class VideoSessionConfig(BaseModel):
     max_history_turns: int | None = Field(default=None, ge=1)  # the server's setting caps it
     sampling_strategy: Literal["uniform", "latest_frames", "latest_seconds"] = "uniform"
     window_seconds: float | None = Field(default=None, gt=0.0, le=3600.0)  # for "latest_seconds"
+    turn_detection: ServerVad | None = None  # ours: absent or null, turns only by video.query
 
     @field_validator("modalities")
     @classmethod
@@ -216,6 +234,15 @@ def audio_delta(pcm: bytes, event_names: str = "seed") -> dict[str, Any]:
 
 def audio_done(event_names: str = "seed") -> dict[str, Any]:
     return {"type": AUDIO_EVENTS[event_names][1]}
+
+
+def speech_started(audio_start_ms: int) -> dict[str, Any]:
+    """With ``turn_detection``: speech began at ``audio_start_ms`` of the streamed audio (OpenAI's name)."""
+    return {"type": "input_audio_buffer.speech_started", "audio_start_ms": audio_start_ms}
+
+
+def speech_stopped(audio_end_ms: int) -> dict[str, Any]:
+    return {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": audio_end_ms}
 
 
 def session_done() -> dict[str, Any]:

@@ -19,19 +19,26 @@ Frame buffer (``frames.py``)
     frames decode ahead of any turn. ``FrameSelection(num_frames, strategy, window_seconds)`` picks
     the frames a turn shows the thinker (``"latest_frames"``: the latest N).
 Audio buffer (``audio.py``)
-    ``AudioBuffer(max_bytes, sample_rate)``: ``append(pcm) -> problem | None``, ``take()``, ``clear()``.
+    ``AudioBuffer(max_bytes, sample_rate)``: ``append(pcm) -> problem | None``, ``take()``, ``clear()``;
+    ``resample_pcm16(pcm, from_rate, to_rate)`` (a 24 kHz question → the turn's 16 kHz).
 History (``history.py``)
     ``History(max_turns)``: ``remember(question, answer)``, ``messages()``.
+Listening (``listening.py``): server VAD over the audio buffer
+    ``Listener(VoiceActivity(engine, VadParams(...)), audio, take_segments=)``: ``await feed(pcm)``
+    returns ``SpeechStarted`` / ``SpeechStopped`` (``omniweb.vad``) and, after each stop, the turn's
+    ``SpeechSegment(audio, audio_start_ms, audio_end_ms)``; raises ``AudioRefused``.
 Turn runner (``turns.py``)
-    ``TurnSpec(question=Question(text, audio), frames, selection, history, instructions, modalities,
-    voice, model, require_frames, request_id)``; ``run_turn(engine, spec)`` yields ``FramesSelected``
+    ``TurnSpec(question=Question(text, audio, transcribe), frames, selection, history, instructions,
+    modalities, voice, model, require_frames, request_id)``; ``run_turn(engine, spec)`` yields ``FramesSelected``
     (or ``NoUsableFrames``), then the typed engine chunks.
-Engine chunks (``chunks.py``), parsed from the engine's dicts in one place (``ChunkParser``)
+Engine chunks (``chunks.py``), parsed from the engine's dicts in one place (``parse_chunk``; the
+stateful ``ChunkParser`` for an answer's timeline)
     ``Transcript(text)`` (the question as heard, before any text), ``TextDelta(delta)``,
     ``TextEnd()``, ``SentenceStart(index, text)``, ``AudioChunk(pcm, words, start_ms)`` (PCM16
     24 kHz; ``words``: ``WordTiming(word, start_ms, end_ms)`` on the answer's audio timeline, each
     word with the chunk in which it starts, from the talker's own durations), ``SentenceEnd(index)``,
-    ``TurnEnd(status, kind, message, text, transcript, usage)`` with ``Usage`` (estimated tokens).
+    ``TurnEnd(status, kind, message, text, transcript, usage, rng_state)`` with ``Usage`` (estimated
+    tokens); the speech endpoint's ``CodecCodes``.
 
 A minimal adapter::
 
@@ -43,10 +50,11 @@ A minimal adapter::
     conversation.start_turn(spec, emit)  # async def emit(turn, event): write event in your format
 """
 
-from .audio import AudioBuffer
+from .audio import AudioBuffer, resample_pcm16
 from .chunks import (
     AudioChunk,
     ChunkParser,
+    CodecCodes,
     EngineChunk,
     SentenceEnd,
     SentenceStart,
@@ -56,9 +64,11 @@ from .chunks import (
     TurnEnd,
     Usage,
     WordTiming,
+    parse_chunk,
 )
 from .frames import BufferedFrame, FrameAdded, FrameBuffer, FrameSelection
 from .history import History
+from .listening import AudioRefused, Listener, ListenEvent, SpeechSegment
 from .session import ActiveTurn, Conversation, ConversationState, Emit
 from .turns import FramesSelected, NoUsableFrames, Question, TurnEvent, TurnSpec, now_ms, run_turn
 
@@ -66,8 +76,10 @@ __all__ = [
     "ActiveTurn",
     "AudioBuffer",
     "AudioChunk",
+    "AudioRefused",
     "BufferedFrame",
     "ChunkParser",
+    "CodecCodes",
     "Conversation",
     "ConversationState",
     "Emit",
@@ -77,10 +89,13 @@ __all__ = [
     "FrameSelection",
     "FramesSelected",
     "History",
+    "ListenEvent",
+    "Listener",
     "NoUsableFrames",
     "Question",
     "SentenceEnd",
     "SentenceStart",
+    "SpeechSegment",
     "TextDelta",
     "TextEnd",
     "Transcript",
@@ -90,5 +105,7 @@ __all__ = [
     "Usage",
     "WordTiming",
     "now_ms",
+    "parse_chunk",
+    "resample_pcm16",
     "run_turn",
 ]

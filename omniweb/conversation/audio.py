@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from math import gcd
+
+import numpy as np
+from scipy.signal import resample_poly
+
 from omniweb import budget as process_budget
 
 OVERFLOW_MESSAGE = "Audio buffer overflow"
@@ -14,9 +19,19 @@ class AudioBuffer:
         self.max_bytes = max_bytes
         self.sample_rate = sample_rate
         self._pcm = bytearray()
+        self.appended = 0  # bytes ever buffered: the stream position of the buffer's end
 
     def __len__(self) -> int:
         return len(self._pcm)
+
+    @property
+    def start(self) -> int:
+        """The stream position (in bytes) of the first byte still buffered."""
+        return self.appended - len(self._pcm)
+
+    def position(self, ms: float) -> int:
+        """The stream position of ``ms`` milliseconds of audio, on a sample boundary."""
+        return 2 * round(ms * self.sample_rate / 1000.0)
 
     @property
     def duration_ms(self) -> float:
@@ -31,7 +46,23 @@ class AudioBuffer:
             self.take()
             return process_budget.FULL_MESSAGE
         self._pcm.extend(pcm)
+        self.appended += len(pcm)
         return None
+
+    def drop_before(self, position: int) -> None:
+        """Forget the audio before stream ``position`` (e.g. the silence before speech began)."""
+        self.take_before(position)
+
+    def take_before(self, position: int) -> bytes:
+        """The buffered audio before stream ``position``, now out of the buffer; the rest stays."""
+        n = max(0, min(len(self._pcm), position - self.start))
+        pcm = bytes(self._pcm[:n])
+        del self._pcm[:n]
+        process_budget.release(n)
+        return pcm
+
+    def keep_last(self, nbytes: int) -> None:
+        self.drop_before(self.appended - nbytes)
 
     def take(self) -> bytes:
         """The buffered audio, now out of the buffer (and of the process budget)."""
@@ -42,3 +73,13 @@ class AudioBuffer:
     def clear(self) -> None:
         process_budget.release(len(self._pcm))
         self._pcm.clear()
+
+
+def resample_pcm16(pcm: bytes, from_rate: int, to_rate: int) -> bytes:
+    """A whole PCM16 mono clip at another rate (e.g. a 24 kHz Realtime question for the 16 kHz turn)."""
+    if from_rate == to_rate or not pcm:
+        return pcm
+    g = gcd(from_rate, to_rate)
+    samples = np.frombuffer(pcm[: len(pcm) // 2 * 2], "<i2").astype(np.float32)
+    out = resample_poly(samples, to_rate // g, from_rate // g)
+    return np.clip(np.round(out), -32768, 32767).astype("<i2").tobytes()

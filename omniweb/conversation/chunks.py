@@ -1,7 +1,8 @@
 """Typed engine chunks: the engine's wire dicts become dataclasses here, and nowhere else.
 
 The engine's chunks travel as plain dicts (they cross to Redis workers); a consumer should not
-switch on string kinds. ``ChunkParser`` reads one request's chunks in order and yields these types.
+switch on string kinds. ``parse_chunk`` turns one dict into its type (the speech endpoint uses it
+as is); ``ChunkParser`` reads one conversation answer's chunks in order and yields these types.
 It is stateful only for the answer's audio timeline: the talker times each sentence's words from its
 own durations (``speech.text.align_words``, the same timings the speech endpoint sends), relative
 to that sentence; the parser moves them onto the answer's timeline (ms since the answer's first
@@ -50,10 +51,13 @@ class TextEnd:
 
 @dataclass(frozen=True)
 class SentenceStart:
-    """The talker starts speaking sentence ``index`` (its words come with the audio chunks)."""
+    """The talker starts speaking sentence ``index``. ``words``: its word timings relative to the
+    sentence's first sample, when the request asked for them (``ChunkParser`` moves them onto the
+    answer's timeline and hands them out with the audio chunks)."""
 
     index: int
     text: str
+    words: tuple[WordTiming, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,21 @@ class AudioChunk:
 
 @dataclass(frozen=True)
 class SentenceEnd:
+    """Sentence ``index`` is spoken; ``words`` as on its ``SentenceStart`` (relative to the sentence)."""
+
     index: int
+    words: tuple[WordTiming, ...] = ()
+
+
+@dataclass(frozen=True)
+class CodecCodes:
+    """A speech codec's packet of codes (``output_mode: "codec_tokens"``): int16 rows, one per frame.
+    ``last``: the sentence's last packet; ``more``: another sentence follows in the same stream."""
+
+    codes: bytes
+    frames: int
+    last: bool
+    more: bool
 
 
 @dataclass(frozen=True)
@@ -112,13 +130,14 @@ class TurnEnd:
     text: str | None = None
     transcript: str | None = None
     usage: Usage | None = None
+    rng_state: str | None = None  # a speech request's noise generator, where the next request resumes it
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
 
 
-EngineChunk = Transcript | TextDelta | TextEnd | SentenceStart | AudioChunk | SentenceEnd | TurnEnd
+EngineChunk = Transcript | TextDelta | TextEnd | SentenceStart | AudioChunk | SentenceEnd | CodecCodes | TurnEnd
 
 
 def parse_end(chunk: Mapping[str, Any]) -> TurnEnd:
@@ -127,13 +146,44 @@ def parse_end(chunk: Mapping[str, Any]) -> TurnEnd:
     text = chunk.get("text")
     transcript = chunk.get("transcript")
     message = chunk.get("message")
+    rng_state = chunk.get("rng_state")
     return TurnEnd(
         status=status,
         kind=None if status == "ok" else end_kind(dict(chunk)),
         message=message if isinstance(message, str) and message else None,
         text=text if isinstance(text, str) else None,
         transcript=transcript if isinstance(transcript, str) else None,
+        rng_state=rng_state if isinstance(rng_state, str) else None,
     )
+
+
+def _words(timestamps: Any) -> tuple[WordTiming, ...]:
+    return tuple(WordTiming(str(w["word"]), int(w["start_ms"]), int(w["end_ms"])) for w in timestamps or ())
+
+
+def parse_chunk(chunk: Mapping[str, Any]) -> EngineChunk | None:
+    """One engine chunk as its type (None: a kind no endpoint uses). Word timings stay relative to
+    their sentence; ``AudioChunk.start_ms`` is 0 (``ChunkParser`` places both on a timeline)."""
+    kind = chunk.get("type")
+    if kind == "text":
+        return TextDelta(str(chunk.get("delta") or ""))
+    if kind == "text.end":
+        return TextEnd()
+    if kind == "transcript":
+        return Transcript(str(chunk.get("text") or ""))
+    if kind == "sentence.start":
+        index = int(chunk.get("sentence_index", 0))
+        return SentenceStart(index, str(chunk.get("text") or ""), _words(chunk.get("timestamps")))
+    if kind == "audio":
+        return AudioChunk(chunk.get("pcm") or b"")
+    if kind == "sentence.end":
+        return SentenceEnd(int(chunk.get("sentence_index", 0)), _words(chunk.get("timestamps")))
+    if kind == "codes":
+        codes = chunk.get("codes") or b""
+        return CodecCodes(codes, int(chunk.get("frames", 0)), bool(chunk.get("last")), bool(chunk.get("more")))
+    if kind == "end":
+        return parse_end(chunk)
+    return None
 
 
 class ChunkParser:
@@ -150,34 +200,22 @@ class ChunkParser:
     def feed(self, chunk: Mapping[str, Any]) -> list[EngineChunk]:
         return list(self._parse(chunk))
 
-    def _parse(self, chunk: Mapping[str, Any]) -> Iterator[EngineChunk]:
-        kind = chunk.get("type")
-        if kind == "text":
-            yield TextDelta(str(chunk.get("delta") or ""))
-        elif kind == "text.end":
-            yield TextEnd()
-        elif kind == "transcript":
-            yield Transcript(str(chunk.get("text") or ""))
-        elif kind == "sentence.start":
+    def _parse(self, raw: Mapping[str, Any]) -> Iterator[EngineChunk]:
+        chunk = parse_chunk(raw)
+        if isinstance(chunk, SentenceStart):
             offset = self.audio_ms
             self._words.extend(
-                WordTiming(str(w["word"]), round(offset + w["start_ms"]), round(offset + w["end_ms"]))
-                for w in chunk.get("timestamps") or ()
+                WordTiming(w.word, round(offset + w.start_ms), round(offset + w.end_ms)) for w in chunk.words
             )
-            yield SentenceStart(int(chunk.get("sentence_index", 0)), str(chunk.get("text") or ""))
-        elif kind == "audio":
-            pcm = chunk.get("pcm") or b""
+        elif isinstance(chunk, AudioChunk):
             start = self.audio_ms
-            self.audio_bytes += len(pcm)
-            yield AudioChunk(pcm, self._words_before(self.audio_ms), start)
-        elif kind == "sentence.end":
-            if self._words:
-                yield AudioChunk(b"", tuple(self._words), self.audio_ms)
-                self._words.clear()
-            yield SentenceEnd(int(chunk.get("sentence_index", 0)))
-        elif kind == "end":
-            yield parse_end(chunk)
-        # other kinds (a codec's packets) are not part of a conversation's answer
+            self.audio_bytes += len(chunk.pcm)
+            chunk = AudioChunk(chunk.pcm, self._words_before(self.audio_ms), start)
+        elif isinstance(chunk, SentenceEnd) and self._words:
+            yield AudioChunk(b"", tuple(self._words), self.audio_ms)
+            self._words.clear()
+        if chunk is not None:
+            yield chunk
 
     def _words_before(self, end_ms: float) -> tuple[WordTiming, ...]:
         out = []

@@ -38,10 +38,13 @@ def now_ms() -> float:
 
 @dataclass(frozen=True)
 class Question:
-    """Text, audio (PCM16 16 kHz mono) or both; with no text the engine first transcribes the audio."""
+    """Text, audio (PCM16 16 kHz mono) or both. With no text the engine first transcribes the audio
+    (a ``Transcript`` before any text); with text the audio is not listened to unless ``transcribe``,
+    and then what was heard follows the text in the question."""
 
     text: str = ""
     audio: bytes = b""
+    transcribe: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ TurnEvent = FramesSelected | NoUsableFrames | EngineChunk
 
 def engine_request(spec: TurnSpec, frames: Sequence[BufferedFrame]) -> dict[str, object]:
     """The ``video.turn`` request (video/engine/pipeline.py documents its fields)."""
-    return {
+    request: dict[str, object] = {
         "pipeline": PIPELINE,
         "question": spec.question.text,
         "audio": spec.question.audio,
@@ -89,6 +92,9 @@ def engine_request(spec: TurnSpec, frames: Sequence[BufferedFrame]) -> dict[str,
         "model": spec.model,
         "timestamps": "audio" in spec.modalities,  # word timings ride the audio (truncation, captions)
     }
+    if spec.question.transcribe:
+        request["transcribe"] = True
+    return request
 
 
 def count_text_tokens(text: str) -> int:

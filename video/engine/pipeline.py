@@ -6,17 +6,19 @@ Request (built by the video transport; plain JSON values and bytes, so it also t
      "frames": [{"frame_id": str | None, "data": bytes, "pts_ms": number | None}, ...],
      "history": [{"role": "user" | "assistant", "content": str}, ...], "system_prompt": str | None,
      "modalities": ["text", "audio"], "voice": str | None, "model": str | None,
-     "timestamps": bool (the talker times each spoken word, as for the speech endpoint)}
+     "timestamps": bool (the talker times each spoken word, as for the speech endpoint),
+     "transcribe": bool (also transcribe the audio when there is a question: it follows the text)}
 
 Chunks, in order per kind: ``{"type": "transcript", "text"}`` (only when the question came from the
-audio, before any text); ``{"type": "text", "delta"}``; ``{"type": "text.end"}`` once the answer's
-text is complete (not after a thinker failure), so it can be shown before its audio ends; when
-"audio" is in the modalities the TTS loops' ``sentence.start`` / ``audio`` (PCM16 24 kHz) /
-``sentence.end`` (both ends carry the sentence's word ``timestamps`` when asked for), each sentence spoken as soon as the thinker has completed it; then the
-scheduler's ``end``. On success ``end`` carries ``text`` (the whole answer) and ``transcript``
-(when there was one). When the thinker fails in a way the client may hear about (the upstream
-server refused, timed out, sent garbage), ``end`` has ``status: "error"`` and a client-safe
-``message`` of ours, plus the ``text`` streamed so far.
+audio, or with ``transcribe``; before any text); ``{"type": "text", "delta"}``; ``{"type":
+"text.end"}`` once the answer's text is complete (not after a thinker failure), so it can be shown
+before its audio ends; when "audio" is in the modalities the TTS loops' ``sentence.start`` /
+``audio`` (PCM16 24 kHz) / ``sentence.end`` (both ends carry the sentence's word ``timestamps`` when
+asked for), each sentence spoken as soon as the thinker has completed it; then the scheduler's
+``end``. On success ``end`` carries ``text`` (the whole answer) and ``transcript`` (when there was
+one). When the thinker fails in a way the client may hear about (the upstream server refused, timed
+out, sent garbage), ``end`` has ``status: "error"`` and a client-safe ``message`` of ours, plus the
+``text`` streamed so far.
 
 The thinker loop's first step transcribes the audio when the question is empty; then each step
 asks the thinker for its next deltas and hands every completed sentence to the talker (the
@@ -82,7 +84,7 @@ class ThinkerLoop:
         slots[TEXT_IN] = []
         slots[TEXT_IN_DONE] = not speak  # text only: the talker and vocoder finish without a step
         question = request.get("question") or ""
-        listening = not question.strip() and bool(request.get("audio"))
+        listening = bool(request.get("audio")) and (not question.strip() or bool(request.get("transcribe")))
         return ThinkerState(request=request, slots=slots, speak=speak, listening=listening)
 
     def next(self, state: ThinkerState) -> WorkPlan | Done | Waiting | WaitFor:
@@ -105,7 +107,7 @@ class ThinkerLoop:
             chunks: list[dict[str, Any]] = []
             if t.done:
                 chunks.append({"type": "transcript", "text": t.text})
-                if not t.text:  # nothing to answer: say so instead of asking the thinker
+                if not t.text and not (state.request.get("question") or "").strip():  # nothing to answer: say so
                     chunks += [{"type": "text", "delta": NOTHING_HEARD}, {"type": "text.end"}]
             return StepResult(output=t, chunks=chunks)
 
@@ -152,7 +154,9 @@ class ThinkerLoop:
 
     def _turn(self, state: ThinkerState) -> Turn:
         request = state.request
-        question = state.transcript if state.transcript is not None else request.get("question") or ""
+        question = request.get("question") or ""
+        if state.transcript is not None:  # heard: the question, or what follows the typed text
+            question = f"{question.strip()} {state.transcript}".strip() if question.strip() else state.transcript
         return Turn(
             question=question,
             frames=[
@@ -171,7 +175,7 @@ class ThinkerLoop:
             if t.done:
                 state.listening = False
                 state.transcript = t.text
-                if not t.text:
+                if not t.text and not (state.request.get("question") or "").strip():
                     self._add(state, [NOTHING_HEARD])
                     self._finish(state)
             return

@@ -1,0 +1,261 @@
+"""The protocol-neutral conversation core (omniweb/conversation/) driven directly, with the real
+``video.turn`` pipeline: typed events in order, the spoken answer's word timings, usage, interrupt,
+the frame buffer's limits and the process budget, history."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+
+import numpy as np
+import pytest
+from camera_scenes import room, shoot, with_person
+from test_video_session import jpeg
+
+from omniweb import budget as process_budget
+from omniweb.conversation import (
+    AudioBuffer,
+    AudioChunk,
+    ChunkParser,
+    Conversation,
+    ConversationState,
+    FrameBuffer,
+    FrameSelection,
+    FramesSelected,
+    History,
+    NoUsableFrames,
+    Question,
+    SentenceStart,
+    TextDelta,
+    TextEnd,
+    Transcript,
+    TurnEnd,
+    TurnSpec,
+    WordTiming,
+    now_ms,
+    resample_pcm16,
+    run_turn,
+)
+from omniweb.engine.runtime import get_engine_client, get_scheduler
+from video.frames import FrameError
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def buffer(**kw) -> FrameBuffer:
+    failed: list = []
+    args = {"max_frames": 8, "max_bytes": 64 * 1024 * 1024, "max_pixels": 4096 * 4096, "filter_threshold": None}
+    fb = FrameBuffer(**{**args, **kw}, on_decode_failed=failed.append)
+    fb.failed = failed  # type: ignore[attr-defined]
+    return fb
+
+
+async def camera_buffer(count: int = 2) -> FrameBuffer:
+    fb = buffer()
+    fb.start()
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        data = shoot(with_person(room(), 200 + 40 * i, 170, arm_deg=20 * i), rng)
+        await fb.add(b64(data), received_ms=now_ms(), frame_id=f"f{i}", pts_ms=500.0 * i)
+    return fb
+
+
+async def events_of(spec: TurnSpec) -> list:
+    get_scheduler()
+    return [e async for e in run_turn(get_engine_client(), spec)]
+
+
+def words_of(text: str) -> list[str]:
+    return [w.strip(".,!?;:\"'").lower() for w in text.split()]
+
+
+async def test_a_spoken_answer_carries_its_word_timings_on_the_answers_timeline():
+    fb = await camera_buffer()
+    spec = TurnSpec(Question(text="What do you see?"), frames=fb.snapshot(), modalities=("text", "audio"))
+    events = await events_of(spec)
+    await fb.close()
+    assert isinstance(events[0], FramesSelected)
+    assert [f.frame_id for f in events[0].frames] == ["f0", "f1"]
+    end = events[-1]
+    assert isinstance(end, TurnEnd) and end.ok, end
+    assert end.text == "".join(e.delta for e in events if isinstance(e, TextDelta))
+    assert sum(isinstance(e, TextEnd) for e in events) == 1
+    audio = [e for e in events if isinstance(e, AudioChunk)]
+    total_ms = sum(len(a.pcm) for a in audio) / 48
+    assert total_ms > 500
+    words: list[WordTiming] = [w for a in audio for w in a.words]
+    # Every spoken word, in order, with the chunk in which it starts.
+    assert [w.word.strip(".,!?;:\"'").lower() for w in words] == words_of(end.text)
+    starts = [w.start_ms for w in words]
+    assert starts == sorted(starts) and all(w.end_ms >= w.start_ms for w in words)
+    assert words[-1].end_ms <= total_ms + 1
+    for a in audio:
+        if a.pcm:
+            assert all(a.start_ms - 1 <= w.start_ms < a.start_ms + len(a.pcm) / 48 for w in a.words)
+    # Later sentences are shifted by the audio of the ones before.
+    sentences = [e for e in events if isinstance(e, SentenceStart)]
+    if len(sentences) > 1:
+        assert words[-1].start_ms > 1000
+    assert end.usage is not None
+    assert end.usage.input_text_tokens >= 5 and end.usage.input_image_tokens == 2 * 300  # 640x480: 20x15 patches
+    assert end.usage.output_text_tokens == len(re.findall(r"\w+|[^\w\s]", end.text))
+    assert end.usage.output_audio_tokens == pytest.approx(total_ms / 50, abs=1)
+    assert end.usage.total_tokens == end.usage.input_tokens + end.usage.output_tokens
+
+
+async def test_a_text_only_turn_has_no_audio_and_no_word_timings():
+    fb = await camera_buffer(1)
+    spec = TurnSpec(Question(text="Is it dark?"), frames=fb.snapshot(), modalities=("text",))
+    events = await events_of(spec)
+    await fb.close()
+    assert not [e for e in events if isinstance(e, AudioChunk | SentenceStart)]
+    assert isinstance(events[-1], TurnEnd) and events[-1].ok and events[-1].usage.output_audio_tokens == 0
+
+
+async def test_frames_that_do_not_decode_never_reach_the_turn():
+    fb = buffer()
+    fb.start()
+    await fb.add(b64(jpeg()[:-40]), received_ms=now_ms(), frame_id="broken")
+    events = await events_of(TurnSpec(Question(text="Hi"), frames=fb.snapshot()))
+    assert events == [NoUsableFrames()]
+    assert [f.frame_id for f in fb.failed] == ["broken"]
+    assert fb.remove_failed(fb.failed[0]) and len(fb) == 0
+    await fb.close()
+
+
+def test_chunk_parser_moves_each_sentences_words_onto_the_answers_timeline():
+    parser = ChunkParser()
+    words = [{"word": "Hello", "start_ms": 0, "end_ms": 300}, {"word": "there.", "start_ms": 300, "end_ms": 900}]
+    chunks = [
+        {"type": "sentence.start", "sentence_index": 0, "text": "Hello there.", "timestamps": words},
+        {"type": "audio", "sentence_index": 0, "pcm": b"\0" * 48 * 500},
+        {"type": "audio", "sentence_index": 0, "pcm": b"\0" * 48 * 500},
+        {"type": "sentence.end", "sentence_index": 0, "timestamps": words},
+        {"type": "sentence.start", "sentence_index": 1, "text": "Bye.", "timestamps": [words[0] | {"word": "Bye."}]},
+        {"type": "audio", "sentence_index": 1, "pcm": b"\0" * 48 * 200},
+    ]
+    audio = [c for raw in chunks for c in parser.feed(raw) if isinstance(c, AudioChunk)]
+    assert [a.words for a in audio] == [
+        (WordTiming("Hello", 0, 300), WordTiming("there.", 300, 900)),
+        (),
+        (WordTiming("Bye.", 1000, 1300),),
+    ]
+    assert [a.start_ms for a in audio] == [0, 500, 1000]
+
+
+async def test_interrupt_aborts_the_engine_request_and_emits_nothing_more():
+    conversation = Conversation(get_engine_client())
+    fb = await camera_buffer()
+    conversation.configure(frames=fb, audio=AudioBuffer(1 << 20), history=History(4))
+    seen: list = []
+    first = asyncio.Event()
+
+    async def emit(turn, event) -> None:
+        seen.append(event)
+        if isinstance(event, TextDelta):
+            first.set()
+
+    spec = TurnSpec(Question(text="Describe everything you see in detail."), frames=fb.snapshot())
+    turn = conversation.start_turn(spec, emit)
+    assert conversation.state is ConversationState.ANSWERING
+    await asyncio.wait_for(first.wait(), 30)
+    assert await conversation.interrupt()
+    count = len(seen)
+    await asyncio.sleep(0.3)
+    assert len(seen) == count and not any(isinstance(e, TurnEnd) for e in seen)
+    assert turn.interrupted and not turn.running
+    assert conversation.state is ConversationState.READY and conversation.turn is None
+    assert not await conversation.interrupt()  # nothing is running now
+    await conversation.close()
+    assert conversation.state is ConversationState.CLOSED
+
+
+async def test_the_frame_buffer_evicts_by_count_filters_and_gives_its_bytes_back():
+    before = process_budget.held()
+    fb = buffer(max_frames=2, filter_threshold=0.9996)
+    fb.start()
+    added = [await fb.add(b64(jpeg(level)), received_ms=now_ms(), frame_id=str(level)) for level in (10, 90, 170)]
+    assert [a.accepted for a in added] == [True, True, True]
+    assert [f.frame_id for f in added[2].dropped] == ["10"]
+    assert [f.frame_id for f in fb] == ["90", "170"]
+    assert not (await fb.add(b64(jpeg(170)), received_ms=now_ms())).accepted  # the same picture again
+    assert process_budget.held() - before == fb.nbytes > 0
+    with pytest.raises(FrameError, match="Invalid image data"):
+        await fb.add("not base64!", received_ms=now_ms())
+    await fb.close()
+    assert process_budget.held() == before and len(fb) == 0
+
+
+def test_frame_selection_latest_frames():
+    frames = [type("F", (), {"pts_ms": float(i), "received_ms": 0.0})() for i in range(6)]
+    assert [f.pts_ms for f in FrameSelection(2, "latest_frames").pick(frames)] == [4.0, 5.0]
+    assert [f.pts_ms for f in FrameSelection(3).pick(frames)] == [0.0, 2.0, 5.0]
+
+
+def test_audio_buffer_and_history_limits():
+    before = process_budget.held()
+    audio = AudioBuffer(max_bytes=10)
+    assert audio.append(b"\1" * 8) is None and len(audio) == 8
+    assert audio.append(b"\1" * 4) == "Audio buffer overflow" and len(audio) == 0  # cleared, reported
+    assert audio.append(b"\2" * 4) is None and audio.take() == b"\2" * 4 and len(audio) == 0
+    assert process_budget.held() == before
+    history = History(max_turns=1)
+    history.remember("q1", "a1")
+    history.remember("q2", "a2")
+    assert history.messages() == [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]
+
+
+async def test_a_question_with_text_and_audio_hears_the_audio_when_asked_to():
+    from test_video_turns import synthesize
+
+    speech = await synthesize("How many people are there?")
+    fb = await camera_buffer(1)
+    spec = TurnSpec(
+        Question(text="Look at me.", audio=speech, transcribe=True), frames=fb.snapshot(), modalities=("text",)
+    )
+    events = await events_of(spec)
+    heard = [e for e in events if isinstance(e, Transcript)]
+    assert len(heard) == 1 and "how many people" in heard[0].text.lower()
+    assert events.index(heard[0]) < min(i for i, e in enumerate(events) if isinstance(e, TextDelta))
+    end = events[-1]
+    assert (
+        end.ok
+        and end.transcript == heard[0].text
+        and end.usage.input_audio_tokens == pytest.approx(len(speech) / 3200, abs=1)
+    )
+    # Without transcribe, text wins and the audio is not listened to (the video endpoint's rule).
+    events = await events_of(
+        TurnSpec(Question(text="Look at me.", audio=speech), frames=fb.snapshot(), modalities=("text",))
+    )
+    assert not [e for e in events if isinstance(e, Transcript)] and events[-1].ok
+    await fb.close()
+
+
+def test_resampling_a_24_khz_question_to_16_khz():
+    tone = (np.sin(2 * np.pi * 440 * np.arange(24000) / 24000) * 8000).astype("<i2").tobytes()
+    out = resample_pcm16(tone, 24000, 16000)
+    assert len(out) == 2 * 16000
+    samples = np.frombuffer(out, "<i2").astype(np.float64)
+    peak = np.argmax(np.abs(np.fft.rfft(samples)))
+    assert abs(peak - 440) <= 1  # 1 Hz bins over one second
+
+
+def test_parse_chunk_types_every_engine_chunk_an_endpoint_reads():
+    from omniweb.conversation import CodecCodes, SentenceEnd, parse_chunk
+    from omniweb.errors import ErrorKind
+
+    words = [{"word": "Hi.", "start_ms": 0, "end_ms": 250}]
+    assert parse_chunk({"type": "sentence.end", "sentence_index": 2, "timestamps": words}) == SentenceEnd(
+        2, (WordTiming("Hi.", 0, 250),)
+    )
+    assert parse_chunk({"type": "sentence.end", "sentence_index": 0, "timestamps": None}) == SentenceEnd(0)
+    codes = {"type": "codes", "sentence_index": 0, "frames": 3, "codes": b"\0" * 6, "last": True, "more": False}
+    assert parse_chunk(codes) == CodecCodes(b"\0" * 6, 3, True, False)
+    assert parse_chunk({"type": "end", "status": "ok", "rng_state": "{}"}) == TurnEnd("ok", rng_state="{}")
+    busy = parse_chunk({"type": "end", "status": "busy", "kind": "capacity", "message": "full"})
+    assert (busy.ok, busy.kind, busy.message) == (False, ErrorKind.CAPACITY, "full")
+    assert parse_chunk({"type": "end", "status": "invalid"}).kind is ErrorKind.CLIENT  # an older engine: by status
+    assert parse_chunk({"type": "something.else"}) is None
