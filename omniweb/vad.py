@@ -30,6 +30,9 @@ from omniweb.vad_engine import MAX_WINDOWS, PIPELINE, SAMPLE_RATE, WINDOW_BYTES,
 SAMPLE_RATES = (16_000, 24_000)  # the video protocol's audio.chunk, the Realtime API's audio/pcm
 NEG_THRESHOLD_GAP = 0.15  # Silero's hysteresis: in speech, only probabilities this far below the threshold are silence
 MIN_NEG_THRESHOLD = 0.01
+# Speech must hold this long (above threshold - 0.15) before it starts a turn: a click, a knock or a
+# beep makes one confident window (Chromium's fake microphone beeps reach 0.67), a word makes many.
+MIN_SPEECH_MS = 64
 
 
 @dataclass(frozen=True)
@@ -57,17 +60,20 @@ VadEvent = SpeechStarted | SpeechStopped
 class TurnDetector:
     """Hysteresis over speech probabilities.
 
-    Silent, a window at or above ``threshold`` starts speech. Speaking, a window below
+    Silent, a window at or above ``threshold`` starts speech once the windows from it on stay at
+    or above ``threshold - 0.15`` for ``min_speech_ms`` (the start is that first window's). Speaking, a window below
     ``threshold - 0.15`` (Silero's own hysteresis) starts a silence, one at or above ``threshold``
     ends it, one between leaves it running; the silence becomes a stop on a quiet window once it
     has lasted ``silence_duration_ms``. So a short pause inside a sentence never ends the turn.
     """
 
-    def __init__(self, params: VadParams) -> None:
+    def __init__(self, params: VadParams, min_speech_ms: float = MIN_SPEECH_MS) -> None:
         self.params = params
+        self.min_speech_ms = min_speech_ms
         self._neg = max(params.threshold - NEG_THRESHOLD_GAP, MIN_NEG_THRESHOLD)
         self._clock = 0.0  # ms of input audio at the start of the next window
         self.speaking = False
+        self._onset: float | None = None  # where speech may have started (not yet long enough)
         self._silence_from: float | None = None
 
     @property
@@ -81,10 +87,16 @@ class TurnDetector:
         for p in probs:
             start, end = self._clock, self._clock + window_ms
             if not self.speaking:
-                if p >= self.params.threshold:
+                if self._onset is None and p >= self.params.threshold:
+                    self._onset = start
+                elif self._onset is not None and p < self._neg:
+                    self._onset = None  # too short to be speech
+                if self._onset is not None and end - self._onset >= self.min_speech_ms:
                     self.speaking = True
                     self._silence_from = None
-                    events.append(SpeechStarted(audio_start_ms=max(0, round(start - self.params.prefix_padding_ms))))
+                    padded = max(0, round(self._onset - self.params.prefix_padding_ms))
+                    self._onset = None
+                    events.append(SpeechStarted(audio_start_ms=padded))
             elif p >= self.params.threshold:
                 self._silence_from = None
             elif p < self._neg:
@@ -100,6 +112,7 @@ class TurnDetector:
     def reset(self, clock_ms: float | None = None) -> None:
         """Forget any speech in progress (no event); ``clock_ms`` moves the clock (skipped audio)."""
         self.speaking = False
+        self._onset = None
         self._silence_from = None
         if clock_ms is not None:
             self._clock = clock_ms
@@ -129,7 +142,11 @@ class VoiceActivity:
         return self.detector.speaking
 
     async def feed(self, pcm16: bytes) -> list[SpeechStarted | SpeechStopped]:
-        """The events the audio produces; the rest of a partial window waits for the next feed."""
+        """The events the audio produces; the rest of a partial window waits for the next feed.
+
+        Raises ``EngineError`` (with the engine's kind: capacity, unreachable, …) when the engine
+        refuses or fails a call; those windows are skipped (the clock still counts them).
+        """
         data = self._odd + pcm16
         self._odd = data[len(data) - len(data) % 2 :]
         data = data[: len(data) - len(self._odd)]

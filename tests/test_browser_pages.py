@@ -370,8 +370,11 @@ LAST_ANSWER = ".turn:last-child .answer-text"
 START_CAMERA = "Start the camera first: the answers are about what it sees."
 
 
-def start_camera(pg: Any, base_url: str, fps: str = "1") -> None:
+def start_camera(pg: Any, base_url: str, fps: str = "1", hands_free: bool = True) -> None:
+    """Start the camera (hands-free on, the page's default; off for the hold-to-talk tests)."""
     pg.goto(base_url + "/video/")
+    if not hands_free:
+        pg.uncheck("#hands-free")
     if fps != "1":
         pg.click("#details summary")
         pg.select_option("#fps", fps)
@@ -442,7 +445,7 @@ def hold_talk(page: Any, ms: int) -> None:
 def test_video_push_to_talk_sends_16khz_pcm(page, base_url):
     """Holding Talk streams the microphone as PCM16 at 16 kHz; letting go asks the question."""
     frames = Frames(page)
-    start_camera(page, base_url)
+    start_camera(page, base_url, hands_free=False)
     hold_talk(page, 1500)
     page.wait_for_timeout(500)
     chunks = frames.sent_of_type("audio.chunk")
@@ -457,7 +460,7 @@ def test_video_push_to_talk_sends_16khz_pcm(page, base_url):
 def test_video_a_tap_on_talk_sends_no_audio(page, base_url):
     """A press too short for a question is dropped in the page: nothing reaches the server's buffer."""
     frames = Frames(page)
-    start_camera(page, base_url)
+    start_camera(page, base_url, hands_free=False)
     hold_talk(page, 100)
     page.wait_for_selector("#error:not([hidden])", timeout=5_000)
     assert "too short" in page.inner_text("#error")
@@ -532,7 +535,7 @@ def test_video_speak_the_answer_toggle_keeps_the_session_state(page, base_url):
 
 def test_video_stop_clears_the_error_and_ask_says_to_start_the_camera(page, base_url):
     frames = Frames(page)
-    start_camera(page, base_url)
+    start_camera(page, base_url, hands_free=False)
     hold_talk(page, 100)  # a tap: the page shows an error
     page.wait_for_selector("#error:not([hidden])", timeout=5_000)
     page.click("#stop")
@@ -564,7 +567,7 @@ def test_video_nothing_heard_is_said_in_words(page, base_url):
         ws.on_message(lambda message: server.send(message))
 
     page.route_web_socket("**/v1/video/chat/stream", route)
-    start_camera(page, base_url)
+    start_camera(page, base_url, hands_free=False)
     hold_talk(page, 1200)
     page.wait_for_selector(".turn .question.unheard", timeout=60_000)
     text = page.locator(".turn .question-text").text_content()
@@ -604,7 +607,7 @@ def test_video_conversation_lists_turns_and_plays_answers_again(page, base_url):
 
 
 def test_video_states_listening_and_thinking(page, base_url):
-    start_camera(page, base_url)
+    start_camera(page, base_url, hands_free=False)
     shot(page, "video-ready")
     page.focus("#talk")
     page.keyboard.down("Space")

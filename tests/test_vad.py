@@ -39,7 +39,14 @@ def test_speech_starts_on_the_first_window_at_the_threshold_less_the_prefix_padd
 
 
 def test_the_prefix_padding_never_reaches_before_the_stream_began():
-    assert run([0.1, 0.9]) == [SpeechStarted(audio_start_ms=0)]
+    assert run([0.1, 0.9, 0.9]) == [SpeechStarted(audio_start_ms=0)]
+
+
+def test_one_confident_window_alone_is_a_click_not_speech():
+    assert run(([0.0] * 14 + [0.7]) * 10) == []  # a beep every 480 ms
+    assert run([0.0, 0.7, 0.2, 0.0, 0.9, 0.3, 0.0]) == []  # the next window falls below threshold - 0.15
+    events = run([0.0, 0.7, 0.4, 0.0], VadParams(prefix_padding_ms=0))  # held above it: speech
+    assert events == [SpeechStarted(audio_start_ms=32)]
 
 
 def test_speech_stops_once_the_silence_has_lasted_silence_duration_ms():
@@ -85,9 +92,9 @@ def test_reset_forgets_speech_in_progress_without_an_event_and_keeps_the_clock()
     detector.reset()
     assert not detector.speaking
     assert detector.push([0.0] * 40, WINDOW) == []  # no stop for the forgotten speech
-    assert detector.push([0.9], WINDOW) == [SpeechStarted(audio_start_ms=50 * 32)]
+    assert detector.push([0.9, 0.9], WINDOW) == [SpeechStarted(audio_start_ms=50 * 32)]
     detector.reset(clock_ms=10_000.0)
-    assert detector.push([0.9], WINDOW) == [SpeechStarted(audio_start_ms=10_000)]
+    assert detector.push([0.9, 0.9], WINDOW) == [SpeechStarted(audio_start_ms=10_000)]
 
 
 # -- the model ------------------------------------------------------------------------------------
@@ -226,7 +233,9 @@ async def test_24_khz_input_gives_the_same_turn_as_16_khz(engine_client, voice):
     assert abs(at24[1].audio_end_ms - at16[1].audio_end_ms) <= WINDOW_MS
 
 
-@pytest.mark.parametrize("kind", ["silence", "white noise", "hum", "brown noise"], ids=lambda k: k.replace(" ", "-"))
+@pytest.mark.parametrize(
+    "kind", ["silence", "white noise", "hum", "brown noise", "beeps"], ids=lambda k: k.replace(" ", "-")
+)
 async def test_silence_and_steady_noise_produce_no_event(engine_client, kind):
     rng = np.random.default_rng(5)
     t = np.arange(5 * RATE) / RATE
@@ -235,6 +244,8 @@ async def test_silence_and_steady_noise_produce_no_event(engine_client, kind):
         "white noise": 0.05 * rng.standard_normal(t.size),
         "hum": 0.1 * np.sin(2 * np.pi * 50 * t) + 0.05 * np.sin(2 * np.pi * 100 * t),
         "brown noise": np.cumsum(rng.standard_normal(t.size)) * 0.002,
+        # Chromium's fake microphone: a loud 40 ms 400 Hz square-ish beep every 500 ms
+        "beeps": 0.9 * np.sign(np.sin(2 * np.pi * 400 * t)) * ((t % 0.5) < 0.04),
     }[kind]
     assert await detect(engine_client, pcm16(audio.astype(np.float32)), VadParams()) == []
 

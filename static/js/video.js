@@ -1,5 +1,7 @@
-// The video page: camera frames and push-to-talk audio up, streamed answer text and speech down,
-// over /v1/video/chat/stream.
+// The video page: camera frames and microphone audio up, streamed answer text and speech down,
+// over /v1/video/chat/stream. Hands-free (the default where a microphone is granted) streams the
+// microphone all the time and lets the server's voice-activity detection find the turns
+// (session.config's turn_detection); hold-to-talk sends only what is said while the button is held.
 import {
   Connection,
   base64ToBytes,
@@ -24,6 +26,16 @@ const PING_EVERY_MS = 15000;
 // an idle timeout, a reconnect): the server's buffer is per session, and a question needs frames.
 const RESEND_FRAMES = 4;
 const MIC_WORKLET_URL = new URL("../worklets/mic-capture.js", import.meta.url);
+const MIC_CHUNK_MS = 40; // short chunks: the server hears the start of speech (a barge-in) sooner
+// OpenAI's server_vad defaults: a turn ends after half a second of silence, speech interrupts an answer.
+const TURN_DETECTION = {
+  type: "server_vad",
+  threshold: 0.5,
+  prefix_padding_ms: 300,
+  silence_duration_ms: 500,
+  create_response: true,
+  interrupt_response: true,
+};
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -41,6 +53,9 @@ const ui = {
   filtered: $("filtered"),
   replaced: $("replaced"),
   talk: $("talk"),
+  talkHint: $("talk-hint"),
+  handsFree: $("hands-free"),
+  listening: $("listening"),
   level: $("level"),
   askForm: $("ask-form"),
   question: $("question"),
@@ -73,31 +88,46 @@ let question = null; // the turn whose answer is streaming (or awaited)
 let awaitingStart = false; // a new question was sent: drop the old answer's late messages
 let turn = 0;
 let lastPingAt = 0;
-let sessionModalities = null; // what the open session was configured with (JSON text)
+let sessionConfig = null; // what the open session was configured with (JSON text)
 let speaksAnswers = false; // the session's modalities include audio
+let sessionHandsFree = false; // the open session detects turns in the streamed microphone audio
 let replaying = null; // the turn whose answer is being played again
 const recentFrames = []; // the last RESEND_FRAMES video.frame messages sent
 const ackLatencies = [];
 
-function wantedModalities() {
-  return JSON.stringify(ui.speakAnswer.checked ? ["text", "audio"] : ["text"]);
+/** The session.config the page's options ask for (a change starts a new session). */
+function wantedConfig() {
+  const config = { type: "session.config", modalities: ui.speakAnswer.checked ? ["text", "audio"] : ["text"] };
+  if (handsFreeWanted()) config.turn_detection = TURN_DETECTION;
+  return config;
+}
+
+function handsFreeWanted() {
+  return Boolean(mic) && ui.handsFree.checked;
 }
 
 const connection = new Connection("/v1/video/chat/stream", {
   onOpen() {
-    sessionModalities = wantedModalities();
-    speaksAnswers = JSON.parse(sessionModalities).includes("audio");
-    connection.send({ type: "session.config", modalities: JSON.parse(sessionModalities) });
+    const config = wantedConfig();
+    sessionConfig = JSON.stringify(config);
+    speaksAnswers = config.modalities.includes("audio");
+    sessionHandsFree = Boolean(config.turn_detection);
+    connection.send(config);
     // A new session starts with an empty frame buffer: give it the latest frames at once.
     for (const frame of recentFrames) {
       connection.send(frame);
       bump("sent");
     }
     ping();
+    showListening();
   },
   onMessage,
-  onStatus: (state, text) => showConnection(ui.conn, state, text),
+  onStatus: (state, text) => {
+    showConnection(ui.conn, state, text);
+    if (state !== "open") showListening();
+  },
   onDrop({ opened }) {
+    sessionHandsFree = false;
     if (opened && question && !question.done) {
       endAnswer("The connection dropped during the answer; ask again once it is back.");
     }
@@ -148,16 +178,59 @@ async function startMicrophone() {
   const tracks = stream.getAudioTracks();
   if (!tracks.length) {
     ui.talk.disabled = true;
+    showHandsFree();
     return;
   }
   const context = new AudioContext({ latencyHint: "interactive" });
   await context.audioWorklet.addModule(MIC_WORKLET_URL);
   const source = context.createMediaStreamSource(new MediaStream(tracks));
-  const node = new AudioWorkletNode(context, "mic-capture", { numberOfInputs: 1, numberOfOutputs: 0 });
+  const node = new AudioWorkletNode(context, "mic-capture", {
+    numberOfInputs: 1,
+    numberOfOutputs: 0,
+    processorOptions: { chunkMs: MIC_CHUNK_MS },
+  });
   node.port.onmessage = (event) => onMicChunk(event.data);
   source.connect(node);
   mic = { context, node, source };
-  ui.talk.disabled = false;
+  showHandsFree();
+}
+
+/** Hands-free on: the Talk button rests (the server finds the turns); off: hold Talk to ask. */
+function showHandsFree() {
+  const on = handsFreeWanted();
+  ui.talk.disabled = !mic || on;
+  ui.talkHint.textContent = on
+    ? "Hands-free is on: just speak. In a noisy room, turn it off and hold this button while you speak."
+    : "Hold the button (or hold Space on it) while you speak; letting go sends the question.";
+  showListening();
+}
+
+/** The listening indicator: whether the server hears the microphone now, and whether it hears speech. */
+function showListening(hearing = false) {
+  if (!ui.handsFree.checked) {
+    setStateText(ui.listening, "off", "Hands-free off");
+  } else if (!mic) {
+    setStateText(ui.listening, "off", stream ? "No microphone: type your questions" : "Hands-free starts with the camera");
+  } else if (!sessionHandsFree || !connection.isOpen) {
+    setStateText(ui.listening, "waiting", "Hands-free: connecting…");
+  } else if (hearing) {
+    setStateText(ui.listening, "hearing", "Hearing you…");
+  } else {
+    setStateText(ui.listening, "listening", "Listening");
+  }
+}
+
+/** The Hands-free switch: a new session with (or without) turn detection, at once. */
+async function onHandsFreeChange() {
+  showHandsFree();
+  if (!stream) return;
+  stopTalking(false);
+  try {
+    await ensureSession();
+  } catch (err) {
+    showError(ui.error, err.message);
+  }
+  showListening();
 }
 
 function stop() {
@@ -180,6 +253,8 @@ function stop() {
   ui.start.disabled = false;
   ui.stop.disabled = true;
   ui.talk.disabled = true;
+  sessionHandsFree = false;
+  showHandsFree();
   player?.stop();
   connection.close(connection.isOpen ? { type: "video.done" } : null);
   setState("idle", "Camera off");
@@ -297,6 +372,14 @@ function sendHeldChunks() {
 }
 
 function onMicChunk({ samples, rms, final }) {
+  if (sessionHandsFree && !talking && pendingVoiceQuestion === null) {
+    // Hands-free: every chunk goes to the server, whose voice-activity detection finds the turns.
+    ui.level.style.width = `${Math.min(100, Math.round(rms * 400))}%`;
+    if (samples.length && connection.isOpen) {
+      connection.send({ type: "audio.chunk", data: bytesToBase64(new Uint8Array(samples.buffer)) });
+    }
+    return;
+  }
   if (talking || final) {
     ui.level.style.width = talking ? `${Math.min(100, Math.round(rms * 400))}%` : "0";
     if (samples.length && connection.isOpen && (talking || pendingVoiceQuestion !== null)) {
@@ -357,7 +440,7 @@ async function ask(text, label) {
  * onOpen sends the recent frames again; the conversation on screen stays).
  */
 async function ensureSession() {
-  if (connection.isOpen && sessionModalities !== wantedModalities()) connection.close();
+  if (connection.isOpen && sessionConfig !== JSON.stringify(wantedConfig())) connection.close();
   await connection.open();
 }
 
@@ -409,13 +492,46 @@ function scrollToNewest() {
 }
 
 function heard(q, text) {
+  q.hearing = false;
   if (text.trim()) {
     q.questionText.textContent = `“${text.trim()}”`;
     q.questionEl.classList.remove("unheard");
   } else {
-    q.questionText.textContent = "Nothing was heard: hold Talk while you speak, close to the microphone.";
+    q.questionText.textContent = q.handsFree
+      ? "Nothing was heard: speak a little closer to the microphone."
+      : "Nothing was heard: hold Talk while you speak, close to the microphone.";
     q.questionEl.classList.add("unheard");
   }
+}
+
+/**
+ * The server heard speech start (hands-free): whatever is answering or playing stops at once, and
+ * the person's turn appears in the conversation while they speak.
+ */
+function onSpeechStarted() {
+  if (!sessionHandsFree) return;
+  showListening(true);
+  stopReplay();
+  if (question && question.hearing && !question.done) return; // the same turn, heard again
+  interruptAnswer();
+  const q = addTurn("", "Listening…");
+  q.handsFree = true;
+  q.hearing = true;
+  question = q;
+  awaitingStart = true;
+  setState("listening", "Hearing you…");
+}
+
+/** The server heard the speech stop: the turn is asked (the server answers it, as a spoken query). */
+function onSpeechStopped() {
+  showListening(false);
+  if (!question || question.done || !question.hearing) return;
+  question.hearing = false;
+  question.sentAt = nowMs(); // the figures: from the end of the question, as with hold-to-talk
+  question.questionText.textContent = "Working out what you said…";
+  ui.firstText.textContent = "–";
+  ui.firstAudio.textContent = "–";
+  setState("thinking", "Working out what you said…");
 }
 
 /** A new question (or the person starting to talk) stops the current answer and its audio at once. */
@@ -478,6 +594,12 @@ function onMessage(msg) {
       onAck(msg);
       break;
     case "video.frames.consumed":
+      break;
+    case "input_audio_buffer.speech_started":
+      onSpeechStarted();
+      break;
+    case "input_audio_buffer.speech_stopped":
+      onSpeechStopped();
       break;
     case "input.transcript":
       if (question && !question.done) heard(question, typeof msg.text === "string" ? msg.text : "");
@@ -575,6 +697,17 @@ function completeAnswer() {
   finish(question, question.failed ? "failed" : "answered");
   if (question.failed) setState("error", "The answer failed; the message above says why.");
   else setState("done", "Answered.");
+  applyOptionsWhenIdle();
+}
+
+/**
+ * Hands-free turns are asked by the server, not through ask(), so a changed "Speak the answer"
+ * would never reach the session: start the new session between turns instead.
+ */
+function applyOptionsWhenIdle() {
+  if (!stream || !sessionHandsFree || (question && !question.done)) return;
+  if (sessionConfig === JSON.stringify(wantedConfig())) return;
+  ensureSession().catch((err) => showError(ui.error, err.message));
 }
 
 function ping() {
@@ -592,6 +725,8 @@ function setState(state, text) {
 ui.start.addEventListener("click", start);
 ui.stop.addEventListener("click", stop);
 ui.fps.addEventListener("change", () => stream && scheduleFrames());
+ui.handsFree.addEventListener("change", onHandsFreeChange);
+ui.speakAnswer.addEventListener("change", applyOptionsWhenIdle);
 ui.quality.addEventListener("input", () => {
   ui.qualityOut.textContent = Number(ui.quality.value).toFixed(2);
 });

@@ -1,9 +1,10 @@
 // AudioWorklet: microphone → 16 kHz mono PCM16 on the audio thread. Low-passes below the new Nyquist
 // (two cascaded biquads, cut-off 7 kHz) and steps through the input at the rate ratio with linear
-// interpolation. Posts 100 ms Int16Array chunks with their RMS level; "flush" posts what is left.
+// interpolation. Posts Int16Array chunks (processorOptions.chunkMs long, 100 ms by default) with their
+// RMS level; "flush" posts what is left.
 
 const TARGET_RATE = 16000;
-const CHUNK_SAMPLES = TARGET_RATE / 10;
+const DEFAULT_CHUNK_MS = 100;
 const CUTOFF_HZ = 7000;
 
 /** RBJ cookbook low-pass coefficients (Q = 1/√2), normalised by a0. */
@@ -39,8 +40,9 @@ class Biquad {
 }
 
 class MicCaptureProcessor extends AudioWorkletProcessor {
-  constructor() {
+  constructor(options) {
     super();
+    const chunkMs = Number(options?.processorOptions?.chunkMs) || DEFAULT_CHUNK_MS;
     this.ratio = sampleRate / TARGET_RATE;
     const filtering = sampleRate > TARGET_RATE * 1.01;
     const coeffs = filtering ? lowpass(sampleRate, Math.min(CUTOFF_HZ, sampleRate * 0.45)) : null;
@@ -48,7 +50,7 @@ class MicCaptureProcessor extends AudioWorkletProcessor {
     this.inputIndex = -1; // index of the last input sample seen
     this.nextPos = 0; // input position of the next output sample
     this.previous = 0;
-    this.chunk = new Int16Array(CHUNK_SAMPLES);
+    this.chunk = new Int16Array(Math.max(1, Math.round((TARGET_RATE * chunkMs) / 1000)));
     this.filled = 0;
     this.sumSquares = 0;
     this.port.onmessage = (event) => {
@@ -68,7 +70,7 @@ class MicCaptureProcessor extends AudioWorkletProcessor {
     const s = Math.max(-1, Math.min(1, value));
     this.chunk[this.filled++] = s < 0 ? s * 32768 : s * 32767;
     this.sumSquares += s * s;
-    if (this.filled === CHUNK_SAMPLES) this.post(false);
+    if (this.filled === this.chunk.length) this.post(false);
   }
 
   process(inputs) {
