@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
@@ -449,3 +451,59 @@ def test_an_overflowing_input_buffer_is_emptied_and_its_clock_moves_on() -> None
     assert audio.append(bytes(48 * 80)) is None
     assert audio.append(bytes(48 * 80)) is not None
     assert audio.start_ms == audio.end_ms == 160
+
+
+# -- whatever a client sends ---------------------------------------------------------------------------
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=10,
+)
+_keys = st.sampled_from(
+    [
+        "type",
+        "event_id",
+        "session",
+        "audio",
+        "item",
+        "item_id",
+        "content_index",
+        "audio_end_ms",
+        "response",
+        "previous_item_id",
+        "response_id",
+        "input",
+        "output",
+        "turn_detection",
+        "voice",
+        "format",
+        "content",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kind=st.sampled_from([*P.EVENT_TYPES, "nonsense", ""]),
+    fields=st.dictionaries(_keys, _json, max_size=4),
+)
+def test_any_event_parses_or_is_refused_with_an_error_event(kind: str, fields: dict[str, Any]) -> None:
+    raw = json.dumps({**fields, "type": kind})
+    try:
+        event = parse(raw)
+    except RealtimeError as err:
+        sdk_parses(P.error_event(err))
+        return
+    assert event.type == kind
+
+
+@settings(max_examples=300, deadline=None)
+@given(update=st.dictionaries(st.sampled_from(["audio", "output_modalities", "instructions", "tools", "x"]), _json))
+def test_any_session_update_gives_a_valid_session_or_an_error(update: dict[str, Any]) -> None:
+    session = P.new_session(VOICES)
+    try:
+        updated = P.update_session(session, update, VOICES)
+    except RealtimeError as err:
+        assert err.param is not None and err.param.startswith("session")
+        return
+    sdk_parses(P.session_updated(updated))
