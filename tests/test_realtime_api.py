@@ -360,6 +360,9 @@ async def test_browsers_send_the_token_as_a_subprotocol(base: str) -> None:
         assert ws.subprotocol == "realtime"
         created = json.loads(await asyncio.wait_for(ws.recv(), 30))
         assert created["type"] == "session.created" and created["session"]["model"] == "gpt-realtime"
+        request = urllib.request.Request(base + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            assert 'omniweb_sessions_open{endpoint="/v1/realtime"} 1.0' in resp.read().decode()
     with pytest.raises(websockets.InvalidStatus):  # a page on another site
         async with websockets.connect(url, subprotocols=protocols, origin="https://evil.example"):  # type: ignore[arg-type]
             pass
