@@ -64,6 +64,7 @@ from openai_api.protocol import voice_table
 from openai_api.transcribe import PIPELINE as TRANSCRIBE_PIPELINE
 from speech.tts.model import capabilities
 from video.frames import FrameError
+from video.protocol import DEFAULT_FRAME_FILTER_THRESHOLD
 
 from . import protocol as P
 from .protocol import RealtimeError
@@ -169,24 +170,14 @@ class RealtimeConsumer(SessionConsumer):
         # First use may load the models: off the event loop.
         self.engine: EngineClient = await asyncio.to_thread(get_engine_client)
         caps = capabilities()
-        self.voices = {**voice_table(settings.OPENAI_VOICE_MAP, caps.voices, caps.default_voice)}
-        self.voices.update({v: v for v in caps.voices})
+        # Every name a session may use → the local voice: OpenAI's (as /v1/audio/speech maps them) and ours.
+        self.voices = voice_table(settings.OPENAI_VOICE_MAP, caps.voices, caps.default_voice) | {
+            v: v for v in caps.voices
+        }
         query = parse_qs(self.scope.get("query_string", b"").decode("latin1"))
         model = (query.get("model") or [P.DEFAULT_MODEL])[0][:128]
         self.config = P.new_session(self.voices, model=model)  # SessionConsumer.config: never None here
         self.items = P.Conversation(MAX_ITEMS)
-        self.core = Conversation(self.engine, on_idle=self._touch)
-        self.core.configure(
-            frames=FrameBuffer(
-                max_frames=MAX_FRAMES,
-                max_bytes=settings.VIDEO_MAX_BUFFER_BYTES,
-                max_pixels=settings.VIDEO_MAX_FRAME_PIXELS,
-                filter_threshold=None,  # every image a client sends is an item: none is dropped as similar
-                on_decode_failed=self._decode_failed,
-            ),
-            audio=AudioBuffer(0),
-            history=History(0),  # the items are the history
-        )
         self.input = _InputAudio(P.MAX_INPUT_AUDIO_MS)
         self.vad: VoiceActivity | None = None
         self.vad_item_id: str | None = None  # the item id announced with speech_started
@@ -194,7 +185,6 @@ class RealtimeConsumer(SessionConsumer):
         self.early: _Early | None = None
         self.running: _Running | None = None
         self.tasks: list[asyncio.Task[Any]] = []
-        self.closed = False
         self.handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
             "session.update": self.on_session_update,
             "input_audio_buffer.append": self.on_audio_append,
@@ -207,6 +197,21 @@ class RealtimeConsumer(SessionConsumer):
             "response.create": self.on_response_create,
             "response.cancel": self.on_response_cancel,
         }
+        self.closed = False  # from here on, _shutdown has something to stop
+        self.core = Conversation(self.engine, on_idle=self._touch)
+        self.core.configure(
+            frames=FrameBuffer(
+                max_frames=MAX_FRAMES,
+                max_bytes=settings.VIDEO_MAX_BUFFER_BYTES,
+                max_pixels=settings.VIDEO_MAX_FRAME_PIXELS,
+                # A camera client sends an image every second or so: one that looks like the last one
+                # kept is not buffered again (its item still joins the conversation).
+                filter_threshold=DEFAULT_FRAME_FILTER_THRESHOLD,
+                on_decode_failed=self._decode_failed,
+            ),
+            audio=AudioBuffer(0),
+            history=History(0),  # the items are the history
+        )
         self._configure_vad()
         self.clock = SessionClock(
             config_timeout=settings.VIDEO_IDLE_TIMEOUT,
@@ -731,7 +736,7 @@ class RealtimeConsumer(SessionConsumer):
 
     # -- shutdown ----------------------------------------------------------------------------------
     async def _shutdown(self) -> None:
-        if self.closed or not hasattr(self, "core"):
+        if getattr(self, "closed", True) or not hasattr(self, "core"):  # closed, or connect never finished
             return
         self.closed = True
         self.running = None
