@@ -83,6 +83,11 @@ MAX_ITEMS = 200
 # abandons it.
 EARLY_TRANSCRIBE_AFTER_MS = 200
 EARLY_TAIL_MS = 100  # silence kept after the speech in what is transcribed early
+# Appended audio goes to the VAD in pieces of at least this much: each piece is one engine request,
+# whose fixed cost dominates (measured: a session appending 20 ms at a time cost the server 7 % of a
+# core for the VAD alone when every whole 32 ms window was its own request). Detection waits at
+# most this long more; the times it reports are the audio's, unchanged.
+VAD_FEED_MS = 96
 
 
 class _Detector(TurnDetector):
@@ -183,6 +188,7 @@ class RealtimeConsumer(SessionConsumer):
         self.vad_item_id: str | None = None  # the item id announced with speech_started
         self.speech_start_ms: float | None = None  # where the speech of that item starts (stream clock)
         self.early: _Early | None = None
+        self.vad_pending = bytearray()  # appended audio not yet given to the VAD
         self.running: _Running | None = None
         self.tasks: list[asyncio.Task[Any]] = []
         self.handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
@@ -301,6 +307,7 @@ class RealtimeConsumer(SessionConsumer):
         params = VadParams(td.threshold, td.prefix_padding_ms, td.silence_duration_ms)
         self.vad = VoiceActivity(self.engine, params, sample_rate=P.SAMPLE_RATE)
         self.vad.detector = _Detector(params)
+        self.vad_pending.clear()
         self.vad_item_id = None
         self._drop_early()
 
@@ -316,6 +323,11 @@ class RealtimeConsumer(SessionConsumer):
         vad = self.vad
         if vad is None:
             return
+        self.vad_pending += pcm
+        if len(self.vad_pending) < VAD_FEED_MS * BYTES_PER_MS:
+            return
+        pcm = bytes(self.vad_pending)
+        self.vad_pending.clear()
         try:
             found = await vad.feed(pcm)
         except Exception as exc:  # the engine could not run the detector: say so, keep the session
@@ -374,6 +386,7 @@ class RealtimeConsumer(SessionConsumer):
         early, self.early = self.early, None
         if self.vad is not None:
             self.vad.reset()
+        self.vad_pending.clear()
         transcript = None
         if early is not None:  # the silence it started at is the one that ended the turn
             (result,) = await asyncio.gather(early.task, return_exceptions=True)
@@ -401,6 +414,7 @@ class RealtimeConsumer(SessionConsumer):
         self._drop_early()
         if self.vad is not None:
             self.vad.reset()
+        self.vad_pending.clear()
         await self._commit(pcm, item_id, event_id=event.event_id)
 
     async def _commit(
@@ -431,6 +445,7 @@ class RealtimeConsumer(SessionConsumer):
         self._drop_early()
         if self.vad is not None:
             self.vad.reset()
+        self.vad_pending.clear()
         await self.send_event(P.audio_cleared())
 
     async def _transcribe(self, item: P.Item) -> None:
