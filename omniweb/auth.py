@@ -9,6 +9,8 @@ one of them, in any of three ways:
 - ``Authorization: Bearer <token>`` (programs);
 - the subprotocol list ``Sec-WebSocket-Protocol: omniweb.v1, omniweb.token.<token>`` (browsers,
   which cannot set headers); the server answers ``omniweb.v1`` and never echoes the token;
+- the subprotocol ``openai-insecure-api-key.<token>`` (OpenAI's browser Realtime clients, on
+  ``/v1/realtime``); like the one above, it never reaches the consumer;
 - ``?token=<signed>``: a short-lived token from ``POST /v1/ws-token`` (``omniweb.views.ws_token``),
   signed with ``django.core.signing.TimestampSigner`` keyed by the API token that asked for it, valid
   for ``SIGNED_URL_MAX_AGE`` seconds on every process that has that API token configured, and only
@@ -49,6 +51,8 @@ logger = logging.getLogger(__name__)
 
 PROTOCOL = "omniweb.v1"  # the subprotocol the server answers when a client offers it
 TOKEN_PROTOCOL_PREFIX = "omniweb.token."
+OPENAI_KEY_PROTOCOL_PREFIX = "openai-insecure-api-key."  # OpenAI's browser SDKs send the key this way
+_SECRET_PROTOCOL_PREFIXES = (TOKEN_PROTOCOL_PREFIX, OPENAI_KEY_PROTOCOL_PREFIX)
 SIGNED_TOKEN_PARAM = "token"
 DEFAULT_TOKEN_PATH = "/v1/audio/speech/stream"  # what POST /v1/ws-token binds a token to by default
 _SIGNER_SALT = "omniweb.ws-token"
@@ -126,6 +130,10 @@ def authenticate(scope: dict[str, Any], tokens: Sequence[str]) -> str | None:
             token = proto.removeprefix(TOKEN_PROTOCOL_PREFIX)
             if proto.startswith(TOKEN_PROTOCOL_PREFIX) and match_token(token, tokens) is not None:
                 return "subprotocol"
+    for proto in offered:
+        token = proto.removeprefix(OPENAI_KEY_PROTOCOL_PREFIX)
+        if proto.startswith(OPENAI_KEY_PROTOCOL_PREFIX) and match_token(token, tokens) is not None:
+            return "subprotocol"
     query = parse_qs(scope.get("query_string", b"").decode("latin1"))
     for value in query.get(SIGNED_TOKEN_PARAM, []):
         if check_signed_token(value, tokens, str(scope.get("path", ""))):
@@ -200,7 +208,7 @@ class WebsocketAccess:
             return await self.application(scope, receive, send)
         offered = [str(p) for p in scope.get("subprotocols") or []]
         # The consumer never sees a token offered as a subprotocol.
-        scope = {**scope, "subprotocols": [p for p in offered if not p.startswith(TOKEN_PROTOCOL_PREFIX)]}
+        scope = {**scope, "subprotocols": [p for p in offered if not p.startswith(_SECRET_PROTOCOL_PREFIXES)]}
         tokens = api_tokens()
         if tokens:
             method = authenticate({**scope, "subprotocols": offered}, tokens)

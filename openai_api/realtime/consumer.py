@@ -1,0 +1,771 @@
+"""Transport for ``/v1/realtime``: OpenAI's Realtime API (GA) as an adapter over the conversation core.
+
+One session per WebSocket. ``receive`` is the socket's single reader (Channels dispatches one
+message at a time), so events are handled in arrival order: each is parsed by
+``openai_api.realtime.protocol`` into a typed event and goes to its one handler. A refused event is
+answered with an ``error`` event (its ``event_id`` echoed) and the session goes on.
+
+What the parts are for:
+
+- The effective session (``protocol.Session``) and the conversation's items (``protocol.Conversation``)
+  are this wire format's own; the thinker is given their text as history.
+- Images (``input_image`` parts) enter the core's ``FrameBuffer``: the video endpoint's decoding
+  guards, similarity filter and limits; a response looks at the latest of them.
+- Input audio (PCM16 24 kHz) waits in ``_InputAudio``. With ``server_vad`` each append also goes to
+  ``omniweb.vad.VoiceActivity`` (Silero on the engine): ``speech_started`` during a response cancels
+  it (``interrupt_response``); ``speech_stopped`` commits the speech as a user item and, with
+  ``create_response``, starts a response.
+- A response is one core turn (``omniweb.conversation``): the video thinker → talker → vocoder on the
+  engine, whose typed chunks become ``response.*`` events. The question is the last user item: its
+  text, or its audio (the engine's Whisper transcribes it first, which is also the item's
+  ``input_audio_transcription``). The talker's word timings are kept with the assistant item, so
+  ``conversation.item.truncate`` cuts its transcript to exactly the words heard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+from django.conf import settings
+
+from omniweb import budget as process_budget
+from omniweb import metrics
+from omniweb.conversation import (
+    ActiveTurn,
+    AudioBuffer,
+    AudioChunk,
+    BufferedFrame,
+    Conversation,
+    FrameBuffer,
+    FrameSelection,
+    History,
+    NoUsableFrames,
+    Question,
+    TextDelta,
+    Transcript,
+    TurnEnd,
+    TurnEvent,
+    TurnSpec,
+    now_ms,
+)
+from omniweb.engine.client import EngineClient
+from omniweb.engine.runtime import get_engine_client
+from omniweb.errors import ErrorKind
+from omniweb.protocol import dumps
+from omniweb.sessions import SessionClock, SessionConsumer, spawn
+from omniweb.vad import SpeechStarted, SpeechStopped, TurnDetector, VadParams, VoiceActivity
+from openai_api.protocol import voice_table
+from openai_api.transcribe import PIPELINE as TRANSCRIBE_PIPELINE
+from speech.tts.model import capabilities
+from video.frames import FrameError
+from video.protocol import DEFAULT_FRAME_FILTER_THRESHOLD
+
+from . import protocol as P
+from .protocol import RealtimeError
+
+logger = logging.getLogger(__name__)
+
+ENDPOINT = "/v1/realtime"
+SUBPROTOCOL = "realtime"  # what OpenAI's browser clients offer next to openai-insecure-api-key.<token>
+LARGE_MESSAGE = 1024 * 1024  # parse events above this size off the event loop
+BYTES_PER_MS = P.SAMPLE_RATE * 2 // 1000
+NUM_FRAMES = 4  # the latest images a response looks at
+MAX_FRAMES = 16  # images kept for the conversation (oldest go first)
+MAX_ITEMS = 200
+# A silence this long inside speech starts transcribing the speech before the turn is certain (the
+# rest of silence_duration_ms, 500 ms by default, is then Whisper's head start); speech resuming
+# abandons it.
+EARLY_TRANSCRIBE_AFTER_MS = 200
+EARLY_TAIL_MS = 100  # silence kept after the speech in what is transcribed early
+# Appended audio goes to the VAD in pieces of at least this much: each piece is one engine request,
+# whose fixed cost dominates (measured: a session appending 20 ms at a time cost the server 7 % of a
+# core for the VAD alone when every whole 32 ms window was its own request). Detection waits at
+# most this long more; the times it reports are the audio's, unchanged.
+VAD_FEED_MS = 96
+
+
+class _Detector(TurnDetector):
+    """omniweb.vad's detector, telling where the silence that may end the turn began."""
+
+    @property
+    def silence_since_ms(self) -> float | None:
+        return self._silence_from if self.speaking else None
+
+
+@dataclass(eq=False)
+class _Early:
+    """A transcription started at a silence inside speech, before the turn was certain."""
+
+    silence_ms: float  # where that silence began (stream clock)
+    request_id: str
+    task: asyncio.Task[str | None]
+
+
+class _InputAudio:
+    """The input audio buffer (PCM16 24 kHz) on the stream's clock: ms since the session's first append."""
+
+    def __init__(self, max_ms: int) -> None:
+        self.buffer = AudioBuffer(max_ms * BYTES_PER_MS, P.SAMPLE_RATE)
+        self.start_ms = 0.0  # where the buffer's first byte is on the stream's clock
+
+    @property
+    def end_ms(self) -> float:
+        return self.start_ms + len(self.buffer) / BYTES_PER_MS
+
+    def append(self, pcm: bytes) -> str | None:
+        end = self.end_ms + len(pcm) / BYTES_PER_MS
+        problem = self.buffer.append(pcm)
+        if problem is not None:  # the buffer was emptied
+            self.start_ms = end
+        return problem
+
+    def take(self, start_ms: float | None = None, end_ms: float | None = None) -> bytes:
+        """The audio between two stream times (default: all of it); what follows ``end_ms`` stays."""
+        pcm = self.buffer.take()
+        base = self.start_ms
+        cut_from = 0 if start_ms is None else max(0, round((start_ms - base) * BYTES_PER_MS) // 2 * 2)
+        cut_to = len(pcm) if end_ms is None else min(len(pcm), round((end_ms - base) * BYTES_PER_MS) // 2 * 2)
+        rest = pcm[cut_to:]
+        self.start_ms = base + cut_to / BYTES_PER_MS
+        if rest:
+            self.buffer.append(rest)
+        return pcm[cut_from:cut_to]
+
+    def peek(self, start_ms: float, end_ms: float) -> bytes:
+        """The audio between two stream times, left in the buffer."""
+        pcm = self.buffer.take()
+        self.buffer.append(pcm)
+        base = self.start_ms
+        lo = max(0, round((start_ms - base) * BYTES_PER_MS) // 2 * 2)
+        hi = min(len(pcm), round((end_ms - base) * BYTES_PER_MS) // 2 * 2)
+        return pcm[lo:hi]
+
+    def keep_last(self, ms: float) -> None:
+        """Drop all but the last ``ms`` (silence before any speech is never committed)."""
+        if self.end_ms - self.start_ms > ms:
+            self.take(end_ms=self.end_ms - ms)
+
+    def clear(self) -> None:
+        end = self.end_ms
+        self.buffer.clear()
+        self.start_ms = end
+
+
+@dataclass(eq=False)
+class _Running:
+    """The response in flight and what its events need."""
+
+    response: P.Response
+    item: P.Item  # the assistant item being written
+    question: P.Item | None  # the user item it answers
+    turn: ActiveTurn | None = None
+    text: list[str] = field(default_factory=list)
+    clock: metrics.TurnClock = field(default_factory=metrics.TurnClock)
+    finished: bool = False
+
+
+class RealtimeConsumer(SessionConsumer):
+    async def connect(self) -> None:
+        # First use may load the models: off the event loop.
+        self.engine: EngineClient = await asyncio.to_thread(get_engine_client)
+        caps = capabilities()
+        # Every name a session may use → the local voice: OpenAI's (as /v1/audio/speech maps them) and ours.
+        self.voices = voice_table(settings.OPENAI_VOICE_MAP, caps.voices, caps.default_voice) | {
+            v: v for v in caps.voices
+        }
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin1"))
+        model = (query.get("model") or [P.DEFAULT_MODEL])[0][:128]
+        self.config = P.new_session(self.voices, model=model)  # SessionConsumer.config: never None here
+        self.items = P.Conversation(MAX_ITEMS)
+        self.input = _InputAudio(P.MAX_INPUT_AUDIO_MS)
+        self.vad: VoiceActivity | None = None
+        self.vad_item_id: str | None = None  # the item id announced with speech_started
+        self.speech_start_ms: float | None = None  # where the speech of that item starts (stream clock)
+        self.early: _Early | None = None
+        self.vad_pending = bytearray()  # appended audio not yet given to the VAD
+        self.running: _Running | None = None
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
+            "session.update": self.on_session_update,
+            "input_audio_buffer.append": self.on_audio_append,
+            "input_audio_buffer.commit": self.on_audio_commit,
+            "input_audio_buffer.clear": self.on_audio_clear,
+            "conversation.item.create": self.on_item_create,
+            "conversation.item.delete": self.on_item_delete,
+            "conversation.item.retrieve": self.on_item_retrieve,
+            "conversation.item.truncate": self.on_item_truncate,
+            "response.create": self.on_response_create,
+            "response.cancel": self.on_response_cancel,
+        }
+        self.closed = False  # from here on, _shutdown has something to stop
+        self.core = Conversation(self.engine, on_idle=self._touch)
+        self.core.configure(
+            frames=FrameBuffer(
+                max_frames=MAX_FRAMES,
+                max_bytes=settings.VIDEO_MAX_BUFFER_BYTES,
+                max_pixels=settings.VIDEO_MAX_FRAME_PIXELS,
+                # A camera client sends an image every second or so: one that looks like the last one
+                # kept is not buffered again (its item still joins the conversation).
+                filter_threshold=DEFAULT_FRAME_FILTER_THRESHOLD,
+                on_decode_failed=self._decode_failed,
+            ),
+            audio=AudioBuffer(0),
+            history=History(0),  # the items are the history
+        )
+        self._configure_vad()
+        self.clock = SessionClock(
+            config_timeout=settings.VIDEO_IDLE_TIMEOUT,
+            idle_timeout=settings.VIDEO_IDLE_TIMEOUT,
+            configured=lambda: True,
+            paused=lambda: self.running is not None,  # no idle timeout while a response streams
+            closed=lambda: self.closed,
+            on_timeout=self.on_timeout,
+        )
+        offered = [str(p) for p in self.scope.get("subprotocols") or []]
+        await self.accept(SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        self._spawn(self.clock.run(), "realtime session clock")
+        await self.send_event(P.session_created(self.config))
+
+    async def disconnect(self, code: int) -> None:
+        await self._shutdown()
+        logger.info("realtime session closed (code %s)", code)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], what: str) -> None:
+        """A task of the session (cancelled at its end); finished ones are forgotten."""
+        self.tasks = [t for t in self.tasks if not t.done()]
+        self.tasks.append(spawn(coro, what))
+
+    def _touch(self) -> None:
+        if getattr(self, "clock", None) is not None:
+            self.clock.touch()
+
+    # -- sending -----------------------------------------------------------------------------------
+    async def send_event(self, payload: dict[str, Any]) -> None:
+        if not self.closed:
+            await self.send(text_data=dumps(payload))
+
+    async def refuse(self, err: RealtimeError, kind: ErrorKind | None = None) -> None:
+        if kind is None:
+            kind = ErrorKind.ENGINE if err.type == "server_error" else ErrorKind.CLIENT
+        metrics.count_error(kind.value)
+        await self.send_event(P.error_event(err))
+
+    async def fail(self, message: str, kind: ErrorKind = ErrorKind.CLIENT) -> None:
+        """A fatal problem (the client stopped reading, the idle timeout): error, then close."""
+        metrics.count_error(kind.value)
+        err_type = "invalid_request_error" if kind in (ErrorKind.CLIENT, ErrorKind.TIMEOUT) else "server_error"
+        await self.send_event(P.error_event(RealtimeError(message, code=kind.value, type=err_type)))
+        await self._shutdown()
+        await self.close()
+
+    async def on_timeout(self, awaiting_config: bool) -> None:
+        await self.fail("Idle timeout: no event from the client; session closed", ErrorKind.TIMEOUT)
+
+    # -- the single reader -------------------------------------------------------------------------
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.closed:
+            return
+        self.clock.touch()
+        raw: str | bytes = text_data if text_data is not None else (bytes_data or b"")
+        try:
+            if len(raw) > LARGE_MESSAGE:
+                event = await asyncio.to_thread(P.parse_event, raw, voices=self.voices)
+            else:
+                event = P.parse_event(raw, voices=self.voices)
+            await self.handlers[event.type](event)
+        except RealtimeError as err:
+            await self.refuse(err)
+        except Exception:  # a bug or an engine failure in one handler: report it, keep the session
+            logger.exception("realtime event handler failed")
+            err = RealtimeError("The server could not handle the event", code="server_error", type="server_error")
+            await self.refuse(err, ErrorKind.ENGINE)
+
+    # -- session -----------------------------------------------------------------------------------
+    async def on_session_update(self, event: P.SessionUpdateEvent) -> None:
+        try:
+            session = P.update_session(self.config, event.session, self.voices)
+        except RealtimeError as err:
+            err.event_id = event.event_id
+            raise
+        before = self.config.turn_detection
+        self.config = session
+        if session.turn_detection != before:
+            self._configure_vad()
+        await self.send_event(P.session_updated(session))
+
+    def _configure_vad(self) -> None:
+        td = self.config.turn_detection
+        if td is None:
+            self.vad = None
+            return
+        params = VadParams(td.threshold, td.prefix_padding_ms, td.silence_duration_ms)
+        self.vad = VoiceActivity(self.engine, params, sample_rate=P.SAMPLE_RATE)
+        self.vad.detector = _Detector(params)
+        self.vad_pending.clear()
+        self.vad_item_id = None
+        self._drop_early()
+
+    # -- input audio -------------------------------------------------------------------------------
+    async def on_audio_append(self, event: P.AudioAppendEvent) -> None:
+        try:
+            pcm = P.decode_pcm16(event.audio)
+        except RealtimeError as err:
+            err.event_id = event.event_id
+            raise
+        if problem := self.input.append(pcm):
+            raise RealtimeError(problem, code="input_audio_buffer_overflow", event_id=event.event_id)
+        vad = self.vad
+        if vad is None:
+            return
+        self.vad_pending += pcm
+        if len(self.vad_pending) < VAD_FEED_MS * BYTES_PER_MS:
+            return
+        pcm = bytes(self.vad_pending)
+        self.vad_pending.clear()
+        try:
+            found = await vad.feed(pcm)
+        except Exception as exc:  # the engine could not run the detector: say so, keep the session
+            logger.warning("voice activity detection failed: %s", exc)
+            message = getattr(exc, "client_message", None) or "Voice activity detection failed"
+            raise RealtimeError(message, code="vad_failed", type="server_error") from None
+        for vad_event in found:
+            if isinstance(vad_event, SpeechStarted):
+                await self._speech_started(vad_event)
+            elif isinstance(vad_event, SpeechStopped):
+                await self._speech_stopped(vad_event)
+        if vad is not self.vad:
+            return
+        if not vad.speaking and self.vad_item_id is None:
+            self.input.keep_last(vad.params.prefix_padding_ms + 100)
+        self._maybe_transcribe_early(vad)
+
+    def _maybe_transcribe_early(self, vad: VoiceActivity) -> None:
+        """Start Whisper on the speech so far once a silence inside it has lasted a moment; drop a
+        transcription whose silence ended (the speaker went on)."""
+        detector = vad.detector
+        silence = detector.silence_since_ms if isinstance(detector, _Detector) else None
+        early = self.early
+        if early is not None and early.silence_ms != silence:
+            self._drop_early()
+        if (
+            silence is None
+            or self.early is not None
+            or self.speech_start_ms is None
+            or detector.clock_ms - silence < EARLY_TRANSCRIBE_AFTER_MS
+        ):
+            return
+        pcm = self.input.peek(self.speech_start_ms, silence + EARLY_TAIL_MS)
+        request_id = P.new_id("asr")
+        self.early = _Early(silence, request_id, spawn(self._transcript_of(pcm, request_id), "early transcription"))
+
+    def _drop_early(self) -> None:
+        early, self.early = getattr(self, "early", None), None
+        if early is not None and not early.task.done():
+            early.task.cancel()  # closing the stream aborts the engine request
+
+    async def _speech_started(self, event: SpeechStarted) -> None:
+        td = self.config.turn_detection
+        self.vad_item_id = P.new_id("item")
+        await self.send_event(P.speech_started(event.audio_start_ms, self.vad_item_id))
+        self.speech_start_ms = float(event.audio_start_ms)
+        if td is not None and td.interrupt_response and self.running is not None:
+            await self._cancel(P.cancelled("turn_detected"))
+
+    async def _speech_stopped(self, event: SpeechStopped) -> None:
+        item_id = self.vad_item_id or P.new_id("item")
+        self.vad_item_id = None
+        await self.send_event(P.speech_stopped(event.audio_end_ms, item_id))
+        pcm = self.input.take(self.speech_start_ms, float(event.audio_end_ms))
+        self.speech_start_ms = None
+        early, self.early = self.early, None
+        if self.vad is not None:
+            self.vad.reset()
+        self.vad_pending.clear()
+        transcript = None
+        if early is not None:  # the silence it started at is the one that ended the turn
+            (result,) = await asyncio.gather(early.task, return_exceptions=True)
+            transcript = result if isinstance(result, str) else None  # else the turn's own Whisper pass
+        item = await self._commit(pcm, item_id, event_id=None, transcript=transcript)
+        td = self.config.turn_detection
+        if item is not None and td is not None and td.create_response:
+            if self.running is not None:  # interrupt_response was off: the new turn waits for no one
+                await self._cancel(P.cancelled("turn_detected"))
+            await self._respond(P.ResponseParams(), event_id=None)
+
+    async def on_audio_commit(self, event: P.AudioCommitEvent) -> None:
+        ms = self.input.end_ms - self.input.start_ms
+        if ms < P.MIN_COMMIT_MS:
+            raise RealtimeError(
+                f"Error committing input audio buffer: buffer too small. Expected at least "
+                f"{P.MIN_COMMIT_MS}ms of audio, but buffer only has {ms:.2f}ms of audio.",
+                code="input_audio_buffer_commit_empty",
+                event_id=event.event_id,
+            )
+        item_id = self.vad_item_id or P.new_id("item")
+        self.vad_item_id = None
+        pcm = self.input.take()
+        self.speech_start_ms = None
+        self._drop_early()
+        if self.vad is not None:
+            self.vad.reset()
+        self.vad_pending.clear()
+        await self._commit(pcm, item_id, event_id=event.event_id)
+
+    async def _commit(
+        self, pcm: bytes, item_id: str, event_id: str | None, transcript: str | None = None
+    ) -> P.Item | None:
+        """The committed audio becomes a user item (committed, added, done); its transcript follows,
+        unless it was made early (``transcript``)."""
+        item = P.Item(id=item_id, role="user", content=[{"type": "input_audio", "transcript": None}], audio=pcm)
+        if not self._add_item(item, None, event_id):
+            return None
+        previous = self.items.previous_of(item)
+        await self.send_event(P.audio_committed(item.id, previous))
+        await self.send_event(P.item_added(item, previous))
+        await self.send_event(P.item_done(item, previous))
+        if transcript is not None:
+            await self._transcribed(item, transcript)
+            return item
+        td = self.config.turn_detection
+        responding = td is not None and td.create_response and event_id is None
+        if self.config.audio.input.transcription is not None and not responding:
+            self._spawn(self._transcribe(item), "realtime transcription")
+        return item
+
+    async def on_audio_clear(self, event: P.AudioClearEvent) -> None:
+        self.input.clear()
+        self.vad_item_id = None
+        self.speech_start_ms = None
+        self._drop_early()
+        if self.vad is not None:
+            self.vad.reset()
+        self.vad_pending.clear()
+        await self.send_event(P.audio_cleared())
+
+    async def _transcribe(self, item: P.Item) -> None:
+        """The item's transcript when no response transcribes it."""
+        transcript = await self._transcript_of(item.audio, P.new_id("asr"))
+        if transcript is None:
+            await self.send_event(P.transcription_failed(item.id, "Transcription failed"))
+        else:
+            await self._transcribed(item, transcript)
+
+    async def _transcript_of(self, pcm24: bytes, request_id: str) -> str | None:
+        """Whisper on the engine (``audio.transcribe``, the model /v1/audio/transcriptions uses);
+        None when the engine refused or failed."""
+        transcription = self.config.audio.input.transcription
+        request = {
+            "pipeline": TRANSCRIBE_PIPELINE,
+            "audio": P.to_engine_rate(pcm24),
+            "prompt": transcription.prompt if transcription is not None else None,
+            "temperature": 0.0,
+            "words": False,
+        }
+        texts: list[str] = []
+        async with contextlib.aclosing(self.engine.stream(request, request_id)) as stream:
+            async for chunk in stream:
+                if chunk.get("type") == "segment":
+                    texts.append(str(chunk["segment"].get("text", "")))
+                elif chunk.get("type") == "end" and chunk.get("status") != "ok":
+                    logger.warning(
+                        "realtime transcription ended with %s: %s", chunk.get("status"), chunk.get("message")
+                    )
+                    return None
+        return "".join(texts).strip()
+
+    async def _transcribed(self, item: P.Item, transcript: str) -> None:
+        if item.content and item.content[0].get("type") == "input_audio":
+            item.content[0]["transcript"] = transcript
+        if self.config.audio.input.transcription is not None:
+            await self.send_event(P.transcription_completed(item.id, transcript, P.pcm_ms(item.audio)))
+
+    # -- items -------------------------------------------------------------------------------------
+    def _add_item(self, item: P.Item, previous_item_id: str | None, event_id: str | None) -> bool:
+        """Place an item; items over the cap go (their audio back to the process budget)."""
+        if item.audio and not process_budget.reserve(len(item.audio)):
+            raise RealtimeError(
+                process_budget.FULL_MESSAGE, code="server_overloaded", type="server_error", event_id=event_id
+            )
+        try:
+            _, dropped = self.items.add(item, previous_item_id)
+        except RealtimeError as err:
+            process_budget.release(len(item.audio))
+            err.event_id = event_id
+            raise
+        for old in dropped:
+            process_budget.release(len(old.audio))
+        return True
+
+    async def on_item_create(self, event: P.ItemCreateEvent) -> None:
+        spec = event.item
+        try:
+            self.items.check_placement(spec.id, event.previous_item_id)
+        except RealtimeError as err:
+            err.event_id = event.event_id
+            raise
+        item = P.Item(id=spec.id or P.new_id("item"), role=spec.role, content=[])
+        audio = bytearray()
+        for index, part in enumerate(spec.content):
+            param = f"item.content[{index}]"
+            if part.type == "input_image":
+                await self._add_image(item, part, f"{param}.image_url", event.event_id)
+                item.content.append({"type": "input_image", "detail": part.detail})
+            elif part.type == "input_audio":
+                if part.audio:
+                    max_bytes = P.MAX_INPUT_AUDIO_MS * BYTES_PER_MS
+                    try:
+                        audio += P.decode_pcm16(part.audio, max_bytes=max_bytes, param=f"{param}.audio")
+                    except RealtimeError as err:
+                        err.event_id = event.event_id
+                        raise
+                elif not part.transcript:
+                    raise RealtimeError(
+                        "An input_audio part needs audio or a transcript", param=param, event_id=event.event_id
+                    )
+                item.content.append({"type": "input_audio", "transcript": part.transcript})
+            else:
+                item.content.append(part.model_dump(exclude_none=True))
+        item.audio = bytes(audio)
+        self._add_item(item, event.previous_item_id, event.event_id)
+        previous = self.items.previous_of(item)
+        await self.send_event(P.item_added(item, previous))
+        await self.send_event(P.item_done(item, previous))
+        if item.audio and self.config.audio.input.transcription is not None and not item.text():
+            self._spawn(self._transcribe(item), "realtime transcription")
+
+    async def _add_image(self, item: P.Item, part: P.InputImage, param: str, event_id: str | None) -> None:
+        b64 = P.image_from_data_url(part.image_url, param=param)
+        frames = self.core.frames
+        assert frames is not None
+        try:
+            # The buffer holds the image, not the item: its bytes leave with the buffer's oldest.
+            await frames.add(b64, received_ms=now_ms(), meta={"item_id": item.id})
+        except FrameError as exc:
+            raise RealtimeError(exc.message, param=param, code="invalid_image", event_id=event_id) from None
+
+    def _decode_failed(self, frame: BufferedFrame) -> None:
+        frames = self.core.frames
+        if frames is not None and frames.remove_failed(frame):
+            item_id = frame.meta.get("item_id")
+            err = RealtimeError(f"The image of item '{item_id}' could not be decoded", code="invalid_image")
+            self._spawn(self.refuse(err), "realtime decode report")
+
+    async def on_item_delete(self, event: P.ItemDeleteEvent) -> None:
+        try:
+            item = self.items.delete(event.item_id)
+        except RealtimeError as err:
+            err.event_id = event.event_id
+            raise
+        process_budget.release(len(item.audio))
+        await self.send_event(P.item_deleted(item.id))
+
+    async def on_item_retrieve(self, event: P.ItemRetrieveEvent) -> None:
+        try:
+            item = self.items.get(event.item_id)
+        except RealtimeError as err:
+            err.event_id = event.event_id
+            raise
+        await self.send_event(P.item_retrieved(item))
+
+    async def on_item_truncate(self, event: P.ItemTruncateEvent) -> None:
+        running = self.running
+        if running is not None and running.item.id == event.item_id:
+            # The client stopped playing an answer still being written: stop writing it first.
+            await self._cancel(P.cancelled("client_cancelled"))
+        try:
+            self.items.truncate(event.item_id, event.content_index, event.audio_end_ms)
+        except RealtimeError as err:
+            err.event_id = event.event_id
+            raise
+        await self.send_event(P.item_truncated(event.item_id, event.content_index, event.audio_end_ms))
+
+    # -- responses ---------------------------------------------------------------------------------
+    async def on_response_create(self, event: P.ResponseCreateEvent) -> None:
+        await self._respond(event.response or P.ResponseParams(), event.event_id)
+
+    async def on_response_cancel(self, event: P.ResponseCancelEvent) -> None:
+        running = self.running
+        if running is None or (event.response_id is not None and event.response_id != running.response.id):
+            raise RealtimeError(
+                "Cancellation failed: no active response found",
+                code="response_cancel_not_active",
+                param="response_id" if event.response_id is not None else None,
+                event_id=event.event_id,
+            )
+        await self._cancel(P.cancelled("client_cancelled"))
+
+    async def _respond(self, params: P.ResponseParams, event_id: str | None) -> None:
+        if self.running is not None:
+            raise RealtimeError(
+                f"Conversation already has an active response in progress: {self.running.response.id}. "
+                "Wait until the response is finished before creating a new one.",
+                code="conversation_already_has_active_response",
+                event_id=event_id,
+            )
+        session = self.config
+        modalities = tuple(params.output_modalities or session.output_modalities)
+        if "audio" in modalities:
+            modalities = ("audio",)  # the audio's transcript is the text
+        voice = (params.audio.output.voice if params.audio is not None else None) or session.audio.output.voice
+        in_conversation = params.conversation == "auto"
+        response = P.Response(
+            id=P.new_id("resp"),
+            conversation_id=self.items.id if in_conversation else None,
+            modalities=modalities,
+            voice=voice,
+            metadata=params.metadata,
+        )
+        kind = "output_audio" if response.audio else "output_text"
+        empty = {"type": kind, "transcript": ""} if response.audio else {"type": kind, "text": ""}
+        item = P.Item(id=P.new_id("item"), role="assistant", content=[empty], status="in_progress")
+        # The question: the latest user item that says something (an image alone asks nothing).
+        question = next((i for i in reversed(self.items.items) if i.role == "user" and (i.text() or i.audio)), None)
+        instructions = "\n".join(
+            t for t in (params.instructions or session.instructions, self.items.system_text()) if t
+        )
+        history = self.items.history(before=question)[-2 * max(0, settings.VIDEO_HISTORY_TURNS) :] if question else []
+        frames = self.core.frames
+        assert frames is not None
+        text = question.text() if question is not None else ""
+        spec = TurnSpec(
+            question=Question(text=text, audio=P.to_engine_rate(question.audio) if question and not text else b""),
+            frames=frames.snapshot(),
+            selection=FrameSelection(NUM_FRAMES, "latest_frames"),
+            history=history if question else self.items.history(),
+            instructions=instructions or None,
+            modalities=("text", "audio") if response.audio else ("text",),
+            voice=self.voices[voice],
+            require_frames=False,
+            request_id=response.id,
+        )
+        running = _Running(response=response, item=item, question=question)
+        self.running = running
+        await self.send_event(P.response_created(response))
+        if in_conversation:
+            self._add_item(item, None, event_id)
+        response.output = [item]
+        previous = self.items.previous_of(item) if in_conversation else None
+        await self.send_event(P.output_item_added(response, item))
+        if in_conversation:
+            await self.send_event(P.item_added(item, previous))
+        await self.send_event(P.content_part_added(response, item))
+        if not spec.question.text and not spec.question.audio:
+            await self._finish(
+                running, "failed", P.failed("There is no question to answer: add a user item first", "no_input")
+            )
+            return
+        running.turn = self.core.start_turn(spec, self._emit, stopped=lambda: self.send_stalled or self.client_gone)
+
+    async def _emit(self, turn: ActiveTurn, event: TurnEvent) -> None:
+        """One typed event of the running turn → this wire format's events."""
+        running = self.running
+        if running is None or running.turn is not turn or running.finished:
+            return
+        response, item = running.response, running.item
+        if isinstance(event, Transcript):
+            if running.question is not None:
+                await self._transcribed(running.question, event.text)
+        elif isinstance(event, TextDelta) and event.delta:
+            running.text.append(event.delta)
+            if response.audio:
+                await self.send_event(P.transcript_delta(response, item, event.delta))
+            else:
+                await self.send_event(P.text_delta(response, item, event.delta))
+                running.clock.text_sent()
+        elif isinstance(event, AudioChunk) and response.audio:
+            item.words += [P.HeardWord(w.word, w.start_ms, w.end_ms) for w in event.words]
+            if event.pcm:
+                item.audio_ms += len(event.pcm) // BYTES_PER_MS
+                await self.send_event(P.audio_delta(response, item, event.pcm))
+                running.clock.audio_sent()
+        elif isinstance(event, NoUsableFrames):
+            await self._finish(running, "failed", P.failed("No image could be decoded", "invalid_image"))
+        elif isinstance(event, TurnEnd):
+            if event.text is not None:
+                running.text = [event.text]
+            if event.usage is not None:
+                u = event.usage
+                response.usage = P.usage(
+                    input_text=u.input_text_tokens,
+                    input_audio=u.input_audio_tokens,
+                    input_images=u.input_image_tokens,
+                    output_text=u.output_text_tokens,
+                    output_audio=u.output_audio_tokens,
+                )
+            if event.ok:
+                await self._finish(running, "completed", None)
+            elif event.status == "cancelled":
+                await self._finish(running, "cancelled", P.cancelled("client_cancelled"))
+            else:
+                message = event.message or "The response failed"
+                code = event.kind.value if event.kind is not None else "server_error"
+                await self._finish(running, "failed", P.failed(message, code))
+
+    async def _cancel(self, details: dict[str, Any]) -> None:
+        """Stop the running response at once (the engine request is aborted), then close it."""
+        running = self.running
+        if running is None or running.finished:
+            return
+        running.finished = True  # the turn emits nothing more from here
+        await self.core.interrupt()
+        running.finished = False
+        await self._finish(running, "cancelled", details)
+
+    async def _finish(self, running: _Running, status: str, details: dict[str, Any] | None) -> None:
+        """The closing events of a response, whatever ended it: content done, item done, response.done."""
+        if running.finished:
+            return
+        running.finished = True
+        if self.running is running:
+            self.running = None
+        response, item = running.response, running.item
+        text = "".join(running.text)
+        item.status = "completed" if status == "completed" else "incomplete"
+        if response.audio:
+            item.content[0] = {"type": "output_audio", "transcript": text}
+            if item.audio_ms:
+                await self.send_event(P.audio_done(response, item))
+            await self.send_event(P.transcript_done(response, item, text))
+        else:
+            item.content[0] = {"type": "output_text", "text": text}
+            await self.send_event(P.text_done(response, item, text))
+        await self.send_event(P.content_part_done(response, item, text))
+        await self.send_event(P.output_item_done(response, item))
+        if response.conversation_id is not None and self.items.find(item.id) is item:
+            await self.send_event(P.item_done(item, self.items.previous_of(item)))
+        response.status, response.status_details = status, details
+        if response.usage is None:
+            response.usage = P.usage(output_text=P.text_tokens(text), output_audio=P.audio_tokens(item.audio_ms))
+        if status in ("completed", "failed"):
+            running.clock.ended(ok=status == "completed")
+        if status == "failed":
+            metrics.count_error(ErrorKind.ENGINE.value)
+        await self.send_event(P.response_done(response))
+        self._touch()
+
+    # -- shutdown ----------------------------------------------------------------------------------
+    async def _shutdown(self) -> None:
+        if getattr(self, "closed", True) or not hasattr(self, "core"):  # closed, or connect never finished
+            return
+        self.closed = True
+        self.running = None
+        self._drop_early()
+        await self.core.close()
+        current = asyncio.current_task()
+        for task in self.tasks:
+            if task is not current and not task.done():
+                task.cancel()
+        await asyncio.gather(*(t for t in self.tasks if t is not current), return_exceptions=True)
+        self.tasks.clear()
+        self.input.clear()
+        for item in self.items.items:
+            process_budget.release(len(item.audio))
+        self.items.items.clear()
+        self.handlers.clear()
+        self.clock = None  # type: ignore[assignment]
