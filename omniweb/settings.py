@@ -52,10 +52,11 @@ INSTALLED_APPS = [
     "openai_api",  # OpenAI-compatible HTTP audio APIs (/v1/audio/speech, /v1/audio/transcriptions, /v1/models)
 ]
 
+# Django's own middlewares, with their hooks run on the event loop (omniweb/middleware.py says why).
 MIDDLEWARE = [
-    "django.middleware.security.SecurityMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "omniweb.middleware.SecurityMiddleware",
+    "omniweb.middleware.CommonMiddleware",
+    "omniweb.middleware.XFrameOptionsMiddleware",
 ]
 
 ROOT_URLCONF = "omniweb.urls"
@@ -231,7 +232,7 @@ SERVESTATIC_USE_FINDERS = True  # straight from static/: no collectstatic step t
 
 # Hardening (issue #11). The pages load only their own ES modules and stylesheet (no inline script
 # or style anywhere in templates/), so the policy can be strict; both middlewares are async-capable.
-MIDDLEWARE += ["csp.middleware.CSPMiddleware", "django_permissions_policy.PermissionsPolicyMiddleware"]
+MIDDLEWARE += ["omniweb.middleware.CSPMiddleware", "django_permissions_policy.PermissionsPolicyMiddleware"]
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": ["'self'"],

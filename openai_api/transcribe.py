@@ -107,6 +107,7 @@ class TranscribeLoop:
             shape=ShapeSignature("asr.transcribe"),
             run=run,
             label="transcriber.segment",
+            long=True,  # one 30 s window of Whisper: a playing stream keeps a worker
         )
 
     def advance(self, state: TranscribeState, result: StepResult) -> None:

@@ -28,7 +28,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from hibari import dsp
 
 from omniweb import auth, metrics
-from omniweb.engine.runtime import get_engine_client
+from omniweb.engine.runtime import get_engine_client, loaded_engine_client
 from speech.containers import StreamEncoder, first_bytes_samples
 from speech.protocol import SAMPLE_RATE, SessionConfig, tts_request
 from speech.tts.loops import PIPELINE as TTS_PIPELINE
@@ -152,7 +152,8 @@ async def speech(request: HttpRequest) -> HttpResponse:
             )
         )
     try:
-        engine = await asyncio.to_thread(get_engine_client)  # first use may load the models
+        # First use may load the models (a thread); later, no thread hop on the way to the first audio.
+        engine = loaded_engine_client() or await asyncio.to_thread(get_engine_client)
         stream = engine.stream(tts_request(params.input, config, TTS_PIPELINE), uuid.uuid4().hex)
         if params.response_format in ("pcm", "wav"):  # nothing to set up
             first, encoder = await _first_chunk(stream), StreamEncoder(params.response_format)

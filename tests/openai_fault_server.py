@@ -44,6 +44,7 @@ class FailingAfterFirstAudio:
 
 
 views.get_engine_client = lambda: FailingAfterFirstAudio(real_client())
+views.loaded_engine_client = lambda: None  # every request through the double above
 
 from daphne.cli import CommandLineInterface  # noqa: E402
 

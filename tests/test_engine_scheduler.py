@@ -28,6 +28,7 @@ class CountState:
     fail_kind: ErrorKind | None = None
     shape: int = 1
     tag: str = ""
+    long: bool = False
     done: int = 0
     batch_sizes: list[int] = field(default_factory=list)
 
@@ -42,6 +43,8 @@ class CountLoop:
         self.lock = threading.Lock()
         self.released: list[int] = []  # steps done by each request released without finalize
         self.ran: list[str] = []  # request tags in the order their steps ran
+        self.long_now = 0  # long steps running at this moment
+        self.long_most = 0  # the most that ran at once
 
     def init(self, request: dict[str, Any], slots: dict[str, Any]) -> CountState:
         state = CountState(
@@ -49,6 +52,7 @@ class CountLoop:
         )
         state.shape = request.get("shape", 1)
         state.tag = request.get("tag", "")
+        state.long = bool(request.get("long"))
         return state
 
     def next(self, state: CountState) -> WorkPlan | Any:
@@ -59,9 +63,15 @@ class CountLoop:
         i = state.done
 
         def run() -> StepResult:
+            if state.long:
+                with self.lock:
+                    self.long_now += 1
+                    self.long_most = max(self.long_most, self.long_now)
             time.sleep(state.delay)
             with self.lock:
                 self.ran.append(state.tag)
+                if state.long:
+                    self.long_now -= 1
             if state.fail_at == i:
                 if state.fail_kind is not None:
                     raise EngineError(state.fail_kind, "secret internal detail", client_message="upstream said no")
@@ -78,7 +88,8 @@ class CountLoop:
             shape=ShapeSignature("count", (state.shape,)),
             run=run,
             emits=("ticks",),
-            batch_run=batch_run,
+            batch_run=None if state.long else batch_run,
+            long=state.long,
         )
 
     def advance(self, state: CountState, result: StepResult) -> None:
@@ -422,6 +433,30 @@ def test_batch_priority_leaves_a_worker_free_for_real_time_arrivals(make_schedul
         most = max(most, sched.stats().running_steps)
         time.sleep(0.002)
     assert most == 1, "two batch steps ran at once: no worker was left for a real-time arrival"
+
+
+def test_long_steps_leave_a_worker_to_a_playing_stream(make_scheduler):
+    """Whisper-like steps (WorkPlan.long) never take every worker while a stream plays."""
+    sched, pipeline = make_scheduler(workers=2, max_batch=1)
+    loop = pipeline.loops[0]
+    order = OrderLog()
+    sched.submit("live", {"pipeline": "count", "steps": 40, "delay": 0.002}, order.sink("live"))
+    while not order.log:  # the stream has started playing
+        time.sleep(0.002)
+    for name in ("asr-a", "asr-b"):
+        sched.submit(name, {"pipeline": "count", "steps": 3, "delay": 0.05, "long": True}, order.sink(name))
+    assert order.ended["asr-a"].wait(5) and order.ended["asr-b"].wait(5)
+    assert loop.long_most == 1, "two long steps held both workers while a stream was playing"
+    sched.abort("live")
+
+
+def test_long_steps_use_every_worker_when_nothing_plays(make_scheduler):
+    sched, pipeline = make_scheduler(workers=2, max_batch=1)
+    order = OrderLog()
+    for name in ("asr-a", "asr-b"):
+        sched.submit(name, {"pipeline": "count", "steps": 3, "delay": 0.05, "long": True}, order.sink(name))
+    assert order.ended["asr-a"].wait(5) and order.ended["asr-b"].wait(5)
+    assert pipeline.loops[0].long_most == 2
 
 
 def test_a_fault_in_a_batched_step_ends_only_its_own_request(make_scheduler, caplog):

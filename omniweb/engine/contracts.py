@@ -45,6 +45,8 @@ class WorkPlan:
     listener is waiting for. ``due`` says when the step's output is needed, as a position (seconds)
     on the request's media timeline: a vocoder chunk is due where the audio sent so far ends; the
     talker's next sentence is due where the audio already synthesized ends. ``None``: due now.
+    ``long``: the step holds its worker for hundreds of milliseconds (a Whisper segment); while a
+    stream is playing, long steps get at most all workers but one, so the stream always has one.
     """
 
     kind: str
@@ -55,6 +57,7 @@ class WorkPlan:
     batch_run: Callable[[Sequence[WorkPlan]], list[StepResult]] | None = None
     label: str = ""
     due: float | None = None
+    long: bool = False
 
 
 class Done:

@@ -76,6 +76,12 @@ def get_engine_client() -> EngineClient:
     return _client
 
 
+def loaded_engine_client() -> EngineClient | None:
+    """The client once ``get_engine_client`` has made it, else None: lets an async caller skip the
+    thread hop that the first, model-loading call needs (it costs up to a GIL switch interval)."""
+    return _client
+
+
 def shutdown() -> None:
     """Stop the workers (tests use this to prove nothing is left running)."""
     global _scheduler, _client

@@ -142,6 +142,7 @@ class Scheduler:
         self._running = False
         self._running_steps = 0
         self._batch_workers = 0  # workers running a batch-priority step now
+        self._long_workers = 0  # workers running a long step (WorkPlan.long) now
         self._steps_total = 0
         self._batches_total = 0
         self._batched_steps_total = 0
@@ -298,6 +299,10 @@ class Scheduler:
         batch_full = self._batch_workers >= max(1, self._n_workers - 1) or any(
             not job.batch and job.first_media_at is None for job in self._active.values()
         )
+        # A playing stream keeps a worker that no long step (a Whisper segment) can take.
+        long_full = self._long_workers >= max(1, self._n_workers - 1) and any(
+            job.first_media_at is not None and not job.batch and not job.finished for job in self._active.values()
+        )
         for job in list(self._active.values()):  # a failing loop leaves the table mid-iteration
             if not self._poll(job):
                 continue
@@ -306,6 +311,8 @@ class Scheduler:
                 continue
             for e in job.entries:
                 if e.plan is None or e.busy or not job.ready(e.plan) or (job.batch and batch_full):
+                    continue
+                if e.plan.long and long_full:
                     continue
                 release = job.release(e.plan, self._max_ahead)
                 if release is not None and release > now:  # far enough ahead of its listener: wait
@@ -399,10 +406,13 @@ class Scheduler:
                 self._running_steps += len(batch)
                 batch_worker = batch[0][0].batch  # the most urgent is batch: nothing real-time is ready
                 self._batch_workers += batch_worker
+                long_worker = any(p is not None and p.long for p in plans)
+                self._long_workers += long_worker
             results, errors = self._run(plans)  # device work: outside the lock
             with self._cond:
                 self._running_steps -= len(batch)
                 self._batch_workers -= batch_worker
+                self._long_workers -= long_worker
                 self._steps_total += len(batch)
                 if self._on_batch is not None and plans[0] is not None:
                     self._on_batch(plans[0].kind, len(batch))

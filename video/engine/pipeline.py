@@ -116,6 +116,7 @@ class ThinkerLoop:
             shape=ShapeSignature("asr"),
             run=run,
             label="thinker.asr",
+            long=True,  # a whole question's Whisper decode: a playing stream keeps a worker
         )
 
     def _think_plan(self, state: ThinkerState) -> WorkPlan:
