@@ -77,6 +77,11 @@ class TurnDetector:
         self._silence_from: float | None = None
 
     @property
+    def silence_since_ms(self) -> float | None:
+        """While speaking: where the silence that may end the turn began (None if the speaker goes on)."""
+        return self._silence_from if self.speaking else None
+
+    @property
     def clock_ms(self) -> float:
         """Milliseconds of input audio the detector has seen (or skipped) so far."""
         return self._clock

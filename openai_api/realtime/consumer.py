@@ -59,7 +59,7 @@ from omniweb.engine.runtime import get_engine_client
 from omniweb.errors import ErrorKind
 from omniweb.protocol import dumps
 from omniweb.sessions import SessionClock, SessionConsumer, spawn
-from omniweb.vad import SpeechStarted, SpeechStopped, TurnDetector, VadParams, VoiceActivity
+from omniweb.vad import SpeechStarted, SpeechStopped, VadParams, VoiceActivity
 from openai_api.protocol import voice_table
 from openai_api.transcribe import PIPELINE as TRANSCRIBE_PIPELINE
 from speech.tts.model import capabilities
@@ -88,14 +88,6 @@ EARLY_TAIL_MS = 100  # silence kept after the speech in what is transcribed earl
 # core for the VAD alone when every whole 32 ms window was its own request). Detection waits at
 # most this long more; the times it reports are the audio's, unchanged.
 VAD_FEED_MS = 96
-
-
-class _Detector(TurnDetector):
-    """omniweb.vad's detector, telling where the silence that may end the turn began."""
-
-    @property
-    def silence_since_ms(self) -> float | None:
-        return self._silence_from if self.speaking else None
 
 
 @dataclass(eq=False)
@@ -306,7 +298,6 @@ class RealtimeConsumer(SessionConsumer):
             return
         params = VadParams(td.threshold, td.prefix_padding_ms, td.silence_duration_ms)
         self.vad = VoiceActivity(self.engine, params, sample_rate=P.SAMPLE_RATE)
-        self.vad.detector = _Detector(params)
         self.vad_pending.clear()
         self.vad_item_id = None
         self._drop_early()
@@ -349,7 +340,7 @@ class RealtimeConsumer(SessionConsumer):
         """Start Whisper on the speech so far once a silence inside it has lasted a moment; drop a
         transcription whose silence ended (the speaker went on)."""
         detector = vad.detector
-        silence = detector.silence_since_ms if isinstance(detector, _Detector) else None
+        silence = detector.silence_since_ms
         early = self.early
         if early is not None and early.silence_ms != silence:
             self._drop_early()
