@@ -33,13 +33,9 @@ import argparse
 import io
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,7 +45,7 @@ from websockets.sync.client import connect
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from speech_latency import SHORT_SENTENCE, long_flush_text  # noqa: E402
+from speech_latency import SHORT_SENTENCE, free_port, long_flush_text, serving  # noqa: E402
 
 TARGET_FIRST_BYTE_VS_WS = 1.2
 perf = time.perf_counter
@@ -59,47 +55,12 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def server(paced: bool) -> Iterator[str]:
     port = free_port()
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "omniweb.settings", "PYTHONUNBUFFERED": "1"}
-    if not paced:
-        env["OMNIWEB_ENGINE_MAX_AHEAD_SECONDS"] = "0"
-    base = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(
-            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    with urllib.request.urlopen(base + "/healthz", timeout=2) as r:
-                        if json.loads(r.read())["engine"]["local_started"]:
-                            break
-                except (OSError, ValueError, KeyError):
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    out.seek(0)
-                    raise SystemExit("server did not start:\n" + out.read().decode(errors="replace"))
-                time.sleep(0.2)
-            yield base
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    env = {} if paced else {"OMNIWEB_ENGINE_MAX_AHEAD_SECONDS": "0"}
+    with serving([sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"], port, env) as base:
+        yield base
 
 
 # -- one request each ---------------------------------------------------------------------------------

@@ -36,16 +36,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import json
 import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -57,7 +52,9 @@ import openai
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
 from photos import jpeg, photo  # noqa: E402
+from speech_latency import free_port, serving  # noqa: E402
 
 RATE = 24000
 CHUNK_MS = 20
@@ -76,42 +73,16 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def server() -> Iterator[str]:
     """daphne as the README starts it, on a free loopback port."""
     port = free_port()
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "omniweb.settings", "PYTHONUNBUFFERED": "1"}
-    env.setdefault("OMNIWEB_ENGINE_MAX_AHEAD_SECONDS", str(MAX_AHEAD_SECONDS))
-    base = f"http://127.0.0.1:{port}"
+    env = {
+        "OMNIWEB_ENGINE_MAX_AHEAD_SECONDS": os.environ.get("OMNIWEB_ENGINE_MAX_AHEAD_SECONDS", str(MAX_AHEAD_SECONDS))
+    }
     args = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "omniweb.asgi:application"]
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    with urllib.request.urlopen(base + "/healthz", timeout=2) as r:
-                        if json.loads(r.read())["engine"]["local_started"]:
-                            break
-                except (OSError, ValueError, KeyError):
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    out.seek(0)
-                    raise SystemExit("server did not start:\n" + out.read().decode(errors="replace"))
-                time.sleep(0.2)
-            yield base
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with serving(args, port, env) as base:
+        yield base
 
 
 def spoken_question() -> bytes:

@@ -52,7 +52,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+import urllib.request
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -361,6 +362,36 @@ class Server:
                     self.proc.kill()
                     self.proc.wait()
         self._log.close()
+
+
+@contextlib.contextmanager
+def serving(args: Sequence[str], port: int, env: dict[str, str] | None = None) -> Iterator[str]:
+    """A server process (``args``, run from the repository) until its engine has started: yields
+    its ``http://`` base URL; its output is shown only if it fails to start."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "omniweb.settings", "PYTHONUNBUFFERED": "1", **(env or {})}
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(list(args), cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                try:
+                    with urllib.request.urlopen(base + "/healthz", timeout=2) as r:
+                        if json.loads(r.read())["engine"]["local_started"]:
+                            break
+                except (OSError, ValueError, KeyError):
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    out.seek(0)
+                    raise SystemExit("server did not start:\n" + out.read().decode(errors="replace"))
+                time.sleep(0.2)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 _NOISE = re.compile(r"WSCONNECTING|WSCONNECT|WSDISCONNECT|HTTP GET|speech session closed")
