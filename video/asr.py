@@ -90,15 +90,7 @@ class Transcriber:
                 without_timestamps=True,
                 vad_filter=True,  # Silero VAD ships with faster-whisper: skips silence, fewer invented words
             )
-        return Transcription(segments=self._texts(segments))
-
-    def _texts(self, segments: Iterator[object]) -> Iterator[str]:
-        while True:
-            with self._lock:
-                segment = next(segments, None)
-            if segment is None:
-                return
-            yield segment.text  # type: ignore[attr-defined]
+        return Transcription(segments=(segment.text for segment in self._locked(segments)))
 
     def segments(
         self,
@@ -130,6 +122,7 @@ class Transcriber:
         return self._locked(segments), info
 
     def _locked(self, segments: Iterator[Any]) -> Iterator[Any]:
+        """faster-whisper's lazy segments, each decoded under this model's lock."""
         while True:
             with self._lock:
                 segment = next(segments, None)
