@@ -278,7 +278,7 @@ def text_item(role: str, text: str, item_id: str | None = None) -> P.Item:
 
 def spoken_answer(words: list[tuple[str, int, int]]) -> P.Item:
     item = P.Item(id=P.new_id("item"), role="assistant", content=[{"type": "output_audio", "transcript": ""}])
-    item.words = [P.HeardWord(w, s, e) for w, s, e in words]
+    item.words = [P.WordTiming(w, s, e) for w, s, e in words]
     item.content[0]["transcript"] = " ".join(w for w, _, _ in words)
     item.audio_ms = words[-1][2] + 200
     return item

@@ -670,7 +670,7 @@ class RealtimeConsumer(SessionConsumer):
                 await self.send_event(P.text_delta(response, item, event.delta))
                 running.clock.text_sent()
         elif isinstance(event, AudioChunk) and response.audio:
-            item.words += [P.HeardWord(w.word, w.start_ms, w.end_ms) for w in event.words]
+            item.words += event.words
             if event.pcm:
                 item.audio_ms += len(event.pcm) // BYTES_PER_MS
                 await self.send_event(P.audio_delta(response, item, event.pcm))

@@ -25,10 +25,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
-from scipy.signal import resample_poly
 
+from omniweb.conversation.audio import resample_pcm16
+from omniweb.conversation.chunks import WordTiming
 from omniweb.protocol import ProtocolError, excerpt, loads
 from openai_api.protocol import FRAME_SECONDS, TRANSCRIBE_LANGUAGES, TRANSCRIBE_MODEL, TRANSCRIBE_MODEL_ALIASES
 
@@ -602,12 +602,8 @@ def pcm_ms(pcm: bytes | bytearray, rate: int = SAMPLE_RATE) -> int:
 
 
 def to_engine_rate(pcm24: bytes) -> bytes:
-    """PCM16 24 kHz → 16 kHz (polyphase 2/3, anti-aliased) for the thinker's Whisper."""
-    if not pcm24:
-        return b""
-    x = np.frombuffer(pcm24, dtype="<i2").astype(np.float32)
-    y = resample_poly(x, 2, 3)
-    return np.clip(np.rint(y), -32768, 32767).astype("<i2").tobytes()
+    """PCM16 24 kHz → 16 kHz (polyphase, anti-aliased) for the thinker's Whisper."""
+    return resample_pcm16(pcm24, SAMPLE_RATE, ENGINE_RATE)
 
 
 def image_from_data_url(url: str, *, param: str) -> str:
@@ -623,15 +619,6 @@ def image_from_data_url(url: str, *, param: str) -> str:
 
 
 # -- the conversation --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class HeardWord:
-    """One word of an answer's audio; times in ms from the start of that audio."""
-
-    word: str
-    start_ms: int
-    end_ms: int
-
-
 @dataclass(eq=False)
 class Item:
     """A conversation item: its GA content parts and what the server keeps beside them."""
@@ -641,7 +628,7 @@ class Item:
     content: list[dict[str, Any]]
     status: str = "completed"
     audio: bytes = b""  # a user's input audio (PCM16 24 kHz), for the thinker and retrieve
-    words: list[HeardWord] = field(default_factory=list)  # an assistant's audio: word timings
+    words: list[WordTiming] = field(default_factory=list)  # an assistant's audio: word timings
     audio_ms: int = 0  # an assistant's audio length (after a truncate: what was heard)
 
     def wire(self, *, with_audio: bool = False) -> dict[str, Any]:
@@ -666,7 +653,7 @@ class Item:
         return " ".join(p.strip() for p in pieces if p and p.strip())
 
 
-def truncate_transcript(words: Iterable[HeardWord], audio_end_ms: int) -> str:
+def truncate_transcript(words: Iterable[WordTiming], audio_end_ms: int) -> str:
     """Exactly the words heard by ``audio_end_ms``: those whose audio had ended."""
     return " ".join(w.word for w in words if w.end_ms <= audio_end_ms)
 
