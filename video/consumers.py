@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -59,6 +58,7 @@ from omniweb.conversation import (
     TurnEnd,
     TurnEvent,
     TurnSpec,
+    now_ms,  # the server clock of every *_ts_ms field: monotonic milliseconds, as in the seed
 )
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
@@ -78,11 +78,6 @@ LARGE_MESSAGE = 1024 * 1024  # parse messages above this size off the event loop
 FAILED = "Query processing failed"  # a failed turn's error when the engine gave no message of its own
 
 SessionState = ConversationState  # the session's states are the core's
-
-
-def now_ms() -> float:
-    """The server clock of every ``*_ts_ms`` field: monotonic milliseconds, as in the seed."""
-    return time.monotonic() * 1000.0
 
 
 @dataclass(frozen=True)
