@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import free_port, live_server
+from page_frames import Frames
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
@@ -71,30 +72,6 @@ def page(browser: Any) -> Iterator[Any]:
     yield pg
     context.close()
     assert not errors, f"uncaught errors in the page: {errors}"
-
-
-class Frames:
-    """The JSON messages the page's WebSockets received (and sent), in order."""
-
-    def __init__(self, pg: Any) -> None:
-        self.messages: list[dict[str, Any]] = []
-        self.sent: list[dict[str, Any]] = []
-        pg.on("websocket", self._on_socket)
-
-    def _on_socket(self, ws: Any) -> None:
-        ws.on("framereceived", lambda payload: self._keep(self.messages, payload))
-        ws.on("framesent", lambda payload: self._keep(self.sent, payload))
-
-    @staticmethod
-    def _keep(into: list[dict[str, Any]], payload: str | bytes) -> None:
-        if isinstance(payload, str):
-            into.append(json.loads(payload))
-
-    def of_type(self, kind: str) -> list[dict[str, Any]]:
-        return [m for m in self.messages if m.get("type") == kind]
-
-    def sent_of_type(self, kind: str) -> list[dict[str, Any]]:
-        return [m for m in self.sent if m.get("type") == kind]
 
 
 def shot(pg: Any, name: str) -> None:

@@ -16,7 +16,6 @@ screenshots in artifacts/screenshots/.
 from __future__ import annotations
 
 import base64
-import json
 import re
 import wave
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ import numpy as np
 import pytest
 from conftest import free_port, live_server
 from hibari import Hibari
+from page_frames import Frames
 from photos import photo
 from scipy.signal import resample_poly
 
@@ -108,30 +108,6 @@ def playwright() -> Iterator[Any]:
         yield p
 
 
-class Frames:
-    """The JSON messages the page's WebSockets received and sent, in order."""
-
-    def __init__(self, pg: Any) -> None:
-        self.received: list[dict[str, Any]] = []
-        self.sent: list[dict[str, Any]] = []
-        pg.on("websocket", self._on_socket)
-
-    def _on_socket(self, ws: Any) -> None:
-        ws.on("framereceived", lambda payload: self._keep(self.received, payload))
-        ws.on("framesent", lambda payload: self._keep(self.sent, payload))
-
-    @staticmethod
-    def _keep(into: list[dict[str, Any]], payload: str | bytes) -> None:
-        if isinstance(payload, str):
-            into.append(json.loads(payload))
-
-    def got(self, kind: str) -> list[dict[str, Any]]:
-        return [m for m in self.received if m.get("type") == kind]
-
-    def sent_of(self, kind: str) -> list[dict[str, Any]]:
-        return [m for m in self.sent if m.get("type") == kind]
-
-
 def new_page(browser: Any, **context: Any) -> Any:
     # bypass_csp: the tests' wait_for_function strings are eval'd in the page (test_pages_run_under_their_csp
     # in test_browser_pages.py checks the page with its policy on).
@@ -178,17 +154,17 @@ def test_a_spoken_question_is_heard_and_answered_without_pressing_anything(playw
         pg.wait_for_selector("#state[data-state='done']", timeout=30_000)
         shot(pg, "video-handsfree-answered")
 
-        (config,) = frames.sent_of("session.config")
+        (config,) = frames.sent_of_type("session.config")
         assert config["turn_detection"]["type"] == "server_vad"
         assert config["turn_detection"]["create_response"] and config["turn_detection"]["interrupt_response"]
-        assert frames.sent_of("video.query") == []  # the server found the turn
-        assert len(frames.sent_of("audio.chunk")) > 25  # the microphone streams (40 ms chunks)
-        (started,) = frames.got("input_audio_buffer.speech_started")
-        (stopped,) = frames.got("input_audio_buffer.speech_stopped")
+        assert frames.sent_of_type("video.query") == []  # the server found the turn
+        assert len(frames.sent_of_type("audio.chunk")) > 25  # the microphone streams (40 ms chunks)
+        (started,) = frames.of_type("input_audio_buffer.speech_started")
+        (stopped,) = frames.of_type("input_audio_buffer.speech_stopped")
         assert 0 < started["audio_start_ms"] < stopped["audio_end_ms"]
-        (transcript,) = frames.got("input.transcript")
+        (transcript,) = frames.of_type("input.transcript")
         assert words(transcript["text"]) == words(QUESTION), transcript
-        (done,) = frames.got("response.text.done")
+        (done,) = frames.of_type("response.text.done")
 
         turns = pg.locator(".turn")
         assert turns.count() == 1 and turns.first.get_attribute("data-how") == "answered"
@@ -258,12 +234,12 @@ def test_speaking_over_the_answer_stops_its_audio_at_once(playwright, base_url, 
         shot(pg, "video-handsfree-barge-in")
         turn_done(pg, 2)
         pg.wait_for_selector("#state[data-state='done']", timeout=30_000)
-        transcripts = [m["text"] for m in frames.got("input.transcript")]
+        transcripts = [m["text"] for m in frames.of_type("input.transcript")]
         assert words(transcripts[-1]) == words(SECOND_QUESTION), transcripts
-        assert len(frames.got("input_audio_buffer.speech_started")) == 2
+        assert len(frames.of_type("input_audio_buffer.speech_started")) == 2
         assert words(pg.locator(".turn:last-child .question-text").text_content()) == words(SECOND_QUESTION)
         assert pg.locator(".turn:last-child").get_attribute("data-how") == "answered"
-        assert frames.sent_of("video.query") == []
+        assert frames.sent_of_type("video.query") == []
         assert not pg.errors, pg.errors
     finally:
         browser.close()
@@ -282,11 +258,11 @@ def test_hands_free_off_brings_back_hold_to_talk(playwright, base_url, media):
         pg.wait_for_selector("#talk:not([disabled])")
         pg.wait_for_function("document.querySelector('#conn').dataset.state === 'open'", timeout=10_000)
         pg.wait_for_timeout(500)
-        configs = frames.sent_of("session.config")
+        configs = frames.sent_of_type("session.config")
         assert len(configs) == 2 and "turn_detection" not in configs[-1]  # a new session without VAD
-        chunks_before = len(frames.sent_of("audio.chunk"))
+        chunks_before = len(frames.sent_of_type("audio.chunk"))
         pg.wait_for_timeout(1000)
-        assert len(frames.sent_of("audio.chunk")) == chunks_before  # the microphone no longer streams
+        assert len(frames.sent_of_type("audio.chunk")) == chunks_before  # the microphone no longer streams
         shot(pg, "video-handsfree-off")
         assert not pg.errors, pg.errors
     finally:
