@@ -5,11 +5,15 @@ speaking over an answer stops it; silence is never a turn and never fills the bu
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 from conftest import expect_close, expect_error, receive_json, receive_until
 from test_video_session import b64, sync, video
 from test_video_turns import collect_turn, is_type, requests_seen, scene_frames, synthesize, video_requests
+
+from omniweb.vad import VoiceActivity
 
 __all__ = ["requests_seen"]  # a fixture
 
@@ -80,6 +84,33 @@ async def test_speaking_over_an_answer_interrupts_it(connect):
     assert "dark" in t.of_type("input.transcript")[0]["text"].lower()
     assert t.types.count("response.start") == 1 and t.types.count("response.text.done") == 1
     await sync(comm)
+
+
+async def test_chunks_queued_behind_a_vad_call_are_heard_in_one_call(connect, requests_seen, monkeypatch):
+    # A client sending faster than the VAD round trip (here an engine 50 ms away, as a busy one is):
+    # 33 chunks do not cost 33 engine calls, and the speech times are those heard chunk by chunk.
+    real = VoiceActivity._run
+
+    async def far_away(self, pcm):
+        await asyncio.sleep(0.05)
+        return await real(self, pcm)
+
+    monkeypatch.setattr(VoiceActivity, "_run", far_away)
+    speech = await synthesize("Is anyone there?")
+    onset, _ = speech_extent_ms(speech)
+    comm = await video(connect, modalities=["text"], turn_detection={**SERVER_VAD, "create_response": False})
+    await scene_frames(comm)
+    pcm = silence(500) + speech + silence(1200, seed=4)
+    await stream(comm, pcm)
+    started = await receive_json(comm, 30)
+    assert started["type"] == "input_audio_buffer.speech_started", started
+    assert -100 <= started["audio_start_ms"] - (500 + onset - 300) <= 200, (started, onset)
+    assert (await receive_json(comm, 30))["type"] == "input_audio_buffer.speech_stopped"
+    await sync(comm)
+    chunks = -(-len(pcm) // CHUNK)
+    calls = [r for r in requests_seen if r.get("pipeline") == "audio.vad"]
+    assert sum(len(r["pcm"]) for r in calls) == len(pcm) // 1024 * 1024  # every whole window heard once
+    assert len(calls) <= chunks // 3, (len(calls), chunks)
 
 
 async def test_silence_is_never_a_turn_and_never_fills_the_audio_buffer(connect, requests_seen):

@@ -19,12 +19,15 @@ thinker only ever gets frames known to decode.
 A turn (``video.query``) runs as the core's turn task; a newer query interrupts it (the engine
 request is aborted and the old turn sends nothing more). With ``turn_detection`` (server VAD, our
 extension) the streamed ``audio.chunk``s also go through the core's ``Listener``: the speaker
-stopping starts a turn over what was said, the speaker starting interrupts the answer.
+stopping starts a turn over what was said, the speaker starting interrupts the answer. Chunks queued
+behind a VAD call are heard together in the next one (up to 5 s), so a busy engine or a client sending
+faster than real time does not delay detection by one round trip per chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import uuid
@@ -105,6 +108,11 @@ class _Reply:
 
 
 _Item = dict[str, Any] | _DecodeFailed
+LISTEN_MAX_BYTES = 5 * 2 * protocol.INPUT_SAMPLE_RATE  # at most 5 s of queued audio per VAD call
+
+
+def _is_audio_chunk(item: _Item) -> bool:
+    return isinstance(item, dict) and item.get("type") == "audio.chunk"
 
 
 class VideoStreamConsumer(SessionConsumer):
@@ -116,6 +124,7 @@ class VideoStreamConsumer(SessionConsumer):
         self.tasks: list[asyncio.Task[None]] = []
         self.replies: dict[ActiveTurn, _Reply] = {}
         self.listener: Listener | None = None  # with turn_detection: server VAD over the audio
+        self.to_hear = bytearray()  # audio.chunk PCM not yet through the listener
         # First use may load the models: off the event loop, and before the handshake so the config
         # clock only starts once the session can be served.
         self.engine: EngineClient = await asyncio.to_thread(get_engine_client)
@@ -248,8 +257,17 @@ class VideoStreamConsumer(SessionConsumer):
 
     # -- the processor: one handler per message type -----------------------------------------------
     async def _process(self) -> None:
+        """Handle the inbox in order. What has queued up is taken at once (still counted against the
+        inbox's bounds until handled), so the server VAD can hear a run of queued ``audio.chunk``s in
+        one engine call instead of one round trip each (a client that sends faster than real time,
+        or any client while the engine is busy)."""
+        taken: collections.deque[_Item] = collections.deque()
         while self.state is not SessionState.CLOSED:
-            item = await self.inbox.get()
+            if not taken:
+                taken.append(await self.inbox.get())
+            while not self.inbox.empty():
+                taken.append(self.inbox.get_nowait())
+            item = taken.popleft()
             if isinstance(item, _DecodeFailed):
                 await self.on_decode_failed(item.frame)
                 continue
@@ -262,6 +280,8 @@ class VideoStreamConsumer(SessionConsumer):
                 await self.send_json(protocol.error(f"Unknown type: {excerpt(msg_type)}"))
                 continue
             await handler(item)
+            if self.to_hear and not (taken and _is_audio_chunk(taken[0])):
+                await self._listen()
 
     async def on_video_frame(self, msg: dict[str, Any]) -> None:
         received_ms = msg.pop("_received_ms")
@@ -310,12 +330,23 @@ class VideoStreamConsumer(SessionConsumer):
         try:
             pcm = protocol.decode_audio(msg.get("data", ""))
         except ProtocolError as exc:
+            if self.to_hear:  # what came before it is heard first: replies keep the chunks' order
+                await self._listen()
             await self.send_json(protocol.error(exc.message))
             return
         if self.listener is None:
             if problem := self.audio.append(pcm):
                 await self.send_json(protocol.error(problem))
             return
+        self.to_hear += pcm  # heard with the rest of the run of chunks queued behind it (_process)
+        if len(self.to_hear) >= LISTEN_MAX_BYTES:
+            await self._listen()
+
+    async def _listen(self) -> None:
+        """Run the audio received since the last call through the server VAD."""
+        assert self.listener is not None
+        pcm = bytes(self.to_hear)
+        self.to_hear.clear()
         try:
             events = await self.listener.feed(pcm)
         except AudioRefused as exc:
