@@ -7,12 +7,12 @@ closely enough that a wrong device path (garbage, silence, a truncated stream) f
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 import pytest
 from django.test import override_settings
+from test_engine_tts import synthesize
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -21,24 +21,7 @@ TEXT = "The quick brown fox jumps over the lazy dog. She sells sea shells by the
 
 
 def speak(pipeline: Any, text: str, seed: int) -> bytes:
-    from omniweb.engine.scheduler import Scheduler
-    from speech.tts.loops import PIPELINE
-
-    sched = Scheduler({PIPELINE: pipeline}, workers=2)
-    sched.start()
-    chunks: list[dict[str, Any]] = []
-    ended = threading.Event()
-
-    def sink(chunk: dict[str, Any]) -> None:
-        chunks.append(chunk)
-        if chunk["type"] == "end":
-            ended.set()
-
-    try:
-        sched.submit("gpu", {"pipeline": PIPELINE, "text": text, "seed": seed}, sink)
-        assert ended.wait(60)
-    finally:
-        sched.stop()
+    chunks = synthesize(pipeline, workers=2, text=text, seed=seed)
     assert chunks[-1]["status"] == "ok", chunks[-1]
     return b"".join(c["pcm"] for c in chunks if c["type"] == "audio")
 
