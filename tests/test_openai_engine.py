@@ -58,3 +58,23 @@ async def test_sse_speech_on_both_paths(engine):
 async def test_wrong_method_is_an_openai_shaped_405(method):
     response = await getattr(AsyncClient(), method)("/v1/audio/speech")
     assert response.status_code == 405 and json.loads(response.content)["error"]["code"] == "method_not_allowed"
+
+
+async def test_a_request_runs_no_database_hooks_in_a_thread(monkeypatch):
+    # omniweb has no database, so Django's per-request database hooks are disconnected: under ASGI
+    # each sync receiver of request_started would cost a thread hop before the view runs.
+    import asgiref.sync
+    from django.core import signals
+
+    assert signals.request_started.receivers == []
+    hops: list[object] = []
+    real = asgiref.sync.SyncToAsync.__call__
+
+    async def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        hops.append(self.func)
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(asgiref.sync.SyncToAsync, "__call__", counted)
+    response = await AsyncClient().get("/v1/models")
+    assert response.status_code == 200
+    assert not [f for f in hops if "signal" in repr(f) or "sync_send" in repr(f)], hops
