@@ -45,6 +45,7 @@ class CountLoop:
         self.ran: list[str] = []  # request tags in the order their steps ran
         self.long_now = 0  # long steps running at this moment
         self.long_most = 0  # the most that ran at once
+        self.next_calls: dict[str, int] = {}  # next() calls by request tag
 
     def init(self, request: dict[str, Any], slots: dict[str, Any]) -> CountState:
         state = CountState(
@@ -56,6 +57,8 @@ class CountLoop:
         return state
 
     def next(self, state: CountState) -> WorkPlan | Any:
+        with self.lock:
+            self.next_calls[state.tag] = self.next_calls.get(state.tag, 0) + 1
         if state.done >= state.steps:
             return DONE
         if state.fail_at == -state.done - 1:  # fail_at=-n: next() itself raises before step n-1
@@ -185,6 +188,23 @@ def test_equal_shapes_from_many_requests_are_batched(make_scheduler):
         assert [c["i"] for c in sink.chunks[:-1]] == [0, 1, 2]
     assert max(pipeline.loops[0].batch_sizes) == 8
     assert sched.stats().batches_total >= 3
+    wait_idle(sched)
+
+
+def test_a_pick_asks_a_loop_again_only_after_its_own_step(make_scheduler):
+    # 24 requests on one worker: 72 picks over up to 24 waiting requests, yet each loop is asked for
+    # its next step once after its start and once after each of its steps: a pick looks again only
+    # at requests where something changed.
+    sched, pipeline = make_scheduler(workers=1, max_batch=1)
+    loop = pipeline.loops[0]
+    sinks = [Collector() for _ in range(24)]
+    for i, sink in enumerate(sinks):
+        sched.submit(f"r{i}", {"pipeline": "count", "steps": 3, "delay": 0.002, "tag": f"r{i}"}, sink)
+    for sink in sinks:
+        assert sink.ended.wait(5)
+        assert [c["i"] for c in sink.chunks[:-1]] == [0, 1, 2]
+    assert loop.next_calls == {f"r{i}": 4 for i in range(24)}
+    assert sched.stats().steps_total == 72
     wait_idle(sched)
 
 

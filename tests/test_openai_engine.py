@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import subprocess
+import sys
 
 import av
 import pytest
@@ -58,3 +61,43 @@ async def test_sse_speech_on_both_paths(engine):
 async def test_wrong_method_is_an_openai_shaped_405(method):
     response = await getattr(AsyncClient(), method)("/v1/audio/speech")
     assert response.status_code == 405 and json.loads(response.content)["error"]["code"] == "method_not_allowed"
+
+
+# A fresh process: Django's test client reconnects close_old_connections after each of its requests.
+_HOOKS_PROBE = """
+import asyncio, asgiref.sync, django
+django.setup()
+from django.core import signals
+from django.core.handlers.asgi import ASGIHandler
+hops = []
+real = asgiref.sync.SyncToAsync.__call__
+async def counted(self, *args, **kwargs):
+    hops.append(repr(self.func))
+    return await real(self, *args, **kwargs)
+asgiref.sync.SyncToAsync.__call__ = counted
+sent = []
+async def main():
+    scope = {"type": "http", "method": "GET", "path": "/v1/models", "query_string": b"", "headers": [],
+             "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 5000)}
+    messages = [{"type": "http.request", "body": b"", "more_body": False}]
+    async def receive():
+        if messages:
+            return messages.pop()
+        await asyncio.sleep(3600)
+    async def send(message):
+        sent.append(message)
+    await ASGIHandler()(scope, receive, send)
+asyncio.run(main())
+assert sent[0]["status"] == 200, sent[0]
+assert signals.request_started.receivers == [], signals.request_started.receivers
+assert not [h for h in hops if "sync_send" in h], hops
+print("ok")
+"""
+
+
+def test_a_request_runs_no_database_hooks_in_a_thread():
+    # omniweb has no database, so Django's per-request database hooks are disconnected: under ASGI
+    # each sync receiver of request_started costs a thread hop before the view runs.
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "omniweb.settings"}
+    done = subprocess.run([sys.executable, "-c", _HOOKS_PROBE], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
