@@ -27,6 +27,7 @@ from omniweb.conversation import (
     NoUsableFrames,
     Question,
     SentenceStart,
+    SpeechTurn,
     TextDelta,
     TextEnd,
     Transcript,
@@ -38,6 +39,7 @@ from omniweb.conversation import (
     run_turn,
 )
 from omniweb.engine.runtime import get_engine_client, get_scheduler
+from omniweb.errors import ErrorKind
 from video.frames import FrameError
 
 
@@ -259,3 +261,112 @@ def test_parse_chunk_types_every_engine_chunk_an_endpoint_reads():
     assert (busy.ok, busy.kind, busy.message) == (False, ErrorKind.CAPACITY, "full")
     assert parse_chunk({"type": "end", "status": "invalid"}).kind is ErrorKind.CLIENT  # an older engine: by status
     assert parse_chunk({"type": "something.else"}) is None
+
+
+# -- the speech turn: a turn whose events come from another runner ---------------------------------
+def tts(pieces, seed: int | None = 7) -> dict:
+    from speech.protocol import SessionConfig, tts_request
+    from speech.tts.loops import PIPELINE
+
+    config = SessionConfig.model_validate({"seed": seed, "split_granularity": "sentence", "word_timestamps": True})
+    return tts_request("\n".join(pieces), config, PIPELINE)
+
+
+def pcm_of(events) -> bytes:
+    return b"".join(e.pcm for e in events if isinstance(e, AudioChunk))
+
+
+async def test_a_speech_turn_speaks_its_pieces_as_they_come_through_the_same_session():
+    get_scheduler()
+    conversation = Conversation(get_engine_client())
+    conversation.configure()  # the speech endpoint buffers no frames or audio
+    seen: list = []
+    over = asyncio.Event()
+
+    async def emit(turn, event) -> None:
+        seen.append(event)
+
+    async def ended(turn) -> None:
+        assert conversation.state is ConversationState.READY and conversation.turn is None
+        over.set()
+
+    speech = SpeechTurn(tts, ["The first sentence is here."], input_done=False, max_ahead_seconds=30)
+    conversation.start_turn(speech, emit, ended=ended, input_open=True)
+    assert conversation.state is ConversationState.SPEAKING  # it speaks while the client still writes
+    await asyncio.sleep(0.2)
+    speech.add(["And then a second one."])
+    conversation.input_closed()
+    assert conversation.state is ConversationState.ANSWERING
+    speech.finish(["A third ends it."])
+    await asyncio.wait_for(over.wait(), 60)
+    starts = [e for e in seen if isinstance(e, SentenceStart)]
+    assert [s.text for s in starts] == ["The first sentence is here.", "And then a second one.", "A third ends it."]
+    assert starts[0].index == 0 and all(s.words for s in starts)  # words relative to each sentence
+    end = seen[-1]
+    assert isinstance(end, TurnEnd) and end.ok and end.rng_state and speech.finished
+    assert sum(isinstance(e, TurnEnd) for e in seen) == 1  # the requests' own ends stay in the runner
+    # The noise generator is carried from request to request: the audio equals one request's.
+    whole = [e async for e in SpeechTurn(tts, [s.text for s in starts]).run(get_engine_client())]
+    assert pcm_of(seen) == pcm_of(whole)
+    assert speech.media_seconds == 0  # nothing was said to be played: the adapter says what it sent
+    await conversation.close()
+
+
+async def test_interrupting_a_speech_turn_aborts_its_request_and_ends_nothing_on_its_behalf():
+    get_scheduler()
+    conversation = Conversation(get_engine_client())
+    conversation.configure()
+    seen: list = []
+    first = asyncio.Event()
+    ended_calls: list = []
+
+    async def emit(turn, event) -> None:
+        seen.append(event)
+        if isinstance(event, AudioChunk):
+            first.set()
+
+    async def ended(turn) -> None:
+        ended_calls.append(turn)
+
+    text = " ".join(f"Sentence number {i} goes on for a while before it stops." for i in range(12))
+    turn = conversation.start_turn(SpeechTurn(tts, [text]), emit, ended=ended)
+    await asyncio.wait_for(first.wait(), 30)
+    assert turn.request_id is not None  # the engine request now streaming
+    assert await conversation.interrupt()
+    count = len(seen)
+    await asyncio.sleep(0.3)
+    assert len(seen) == count and not any(isinstance(e, TurnEnd) for e in seen)
+    assert ended_calls == [] and conversation.state is ConversationState.READY  # the interrupter takes over
+    assert turn.request_id is None
+    await conversation.close()
+
+
+async def test_an_interrupt_lets_the_event_being_written_complete():
+    get_scheduler()
+    conversation = Conversation(get_engine_client())
+    conversation.configure()
+    writing = asyncio.Event()
+    written: list = []
+
+    async def emit(turn, event) -> None:
+        if isinstance(event, AudioChunk) and not written:
+            writing.set()
+            await asyncio.sleep(0.2)  # a slow send: its bytes are counted only once it returns
+            written.append(event)
+
+    conversation.start_turn(SpeechTurn(tts, ["One sentence that is long enough to stream."]), emit)
+    await asyncio.wait_for(writing.wait(), 30)
+    assert await conversation.interrupt()
+    assert len(written) == 1  # completed, not cut in the middle; nothing after it
+    await conversation.close()
+
+
+async def test_a_failed_request_ends_the_speech_turn_with_its_kind():
+    get_scheduler()
+
+    def refused(pieces) -> dict:
+        return {**tts(pieces), "speed": 1000.0}  # the pipeline's own validation refuses it
+
+    events = [e async for e in SpeechTurn(refused, ["Hello there.", "Never spoken."]).run(get_engine_client())]
+    assert len(events) == 1 and isinstance(events[0], TurnEnd)
+    assert not events[0].ok and events[0].kind is ErrorKind.CLIENT

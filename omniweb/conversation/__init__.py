@@ -69,8 +69,9 @@ from .chunks import (
 from .frames import BufferedFrame, FrameAdded, FrameBuffer, FrameSelection
 from .history import History
 from .listening import AudioRefused, Listener, ListenEvent, SpeechSegment
-from .session import ActiveTurn, Conversation, ConversationState, Emit
+from .session import ActiveTurn, Conversation, ConversationState, Emit, Ended, Turn
 from .turns import FramesSelected, NoUsableFrames, Question, TurnEvent, TurnSpec, now_ms, run_turn
+from .utterance import SpeechTurn
 
 __all__ = [
     "ActiveTurn",
@@ -83,6 +84,7 @@ __all__ = [
     "Conversation",
     "ConversationState",
     "Emit",
+    "Ended",
     "EngineChunk",
     "FrameAdded",
     "FrameBuffer",
@@ -96,9 +98,11 @@ __all__ = [
     "SentenceEnd",
     "SentenceStart",
     "SpeechSegment",
+    "SpeechTurn",
     "TextDelta",
     "TextEnd",
     "Transcript",
+    "Turn",
     "TurnEnd",
     "TurnEvent",
     "TurnSpec",
