@@ -141,12 +141,8 @@ class SpeechStreamConsumer(SessionConsumer):
 
     @property
     def state(self) -> ConversationState:
-        conversation = getattr(self, "conversation", None)
-        return conversation.state if conversation is not None else SessionState.CLOSED
-
-    @state.setter
-    def state(self, value: ConversationState) -> None:
-        self.conversation.state = value
+        """The session's state is the core's (CLOSED before the core exists and once it is released)."""
+        return self.conversation.state if self.conversation is not None else SessionState.CLOSED
 
     def _streaming(self) -> bool:
         """No idle timeout while audio is made for the client (it has nothing to say meanwhile)."""
@@ -332,7 +328,7 @@ class SpeechStreamConsumer(SessionConsumer):
         await self.send_json(protocol.input_cancelled(self.utterance_index))
 
     async def on_session_close(self, msg: dict[str, Any]) -> None:
-        self.state = SessionState.CLOSED  # the utterance's task is stopped by disconnect (conversation.close)
+        self.conversation.state = SessionState.CLOSED  # disconnect then stops the utterance (conversation.close)
         await self.close()
 
     @staticmethod
@@ -438,7 +434,7 @@ class SpeechStreamConsumer(SessionConsumer):
             self.text_parts.clear()
             self.text_chars = 0
             self.budget_share.hold("text", 0)
-        self.state = SessionState.READY
+        self.conversation.state = SessionState.READY
         self.clock.touch()  # the idle clock restarts when the utterance ends
         await self._replay_pending()
 
