@@ -411,10 +411,21 @@ def test_input_audio_events_parse() -> None:
         P.speech_started(1200, "item_a"),
         P.speech_stopped(2600, "item_a"),
         P.transcription_completed("item_a", "What do you see?", 1400),
+        P.transcription_delta("item_a", "What do"),
         P.transcription_failed("item_a", "Transcription failed"),
         P.item_deleted("item_a"),
     ]:
         sdk_parses(payload)
+
+
+def test_transcription_deltas_are_whispers_segments_and_join_to_the_transcript() -> None:
+    assert P.transcript_deltas([" How many people", " can you see?  "]) == (
+        "How many people can you see?",
+        ["How many people", " can you see?"],
+    )
+    assert P.transcript_deltas([" Hello."]) == ("Hello.", ["Hello."])
+    assert P.transcript_deltas(["  ", " Hi", " "]) == ("Hi", ["Hi"])  # empty pieces send nothing
+    assert P.transcript_deltas([]) == ("", [])
 
 
 def test_ids_look_like_openais() -> None:

@@ -24,7 +24,7 @@ took before the VAD had it) is counted so stream positions stay right.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from omniweb.sessions import spawn
@@ -42,14 +42,15 @@ class SpeechSegment:
     audio: bytes
     audio_start_ms: int
     audio_end_ms: int
-    early: asyncio.Task[str | None] | None = field(default=None, repr=False, compare=False)
+    early: asyncio.Task[Sequence[str] | None] | None = field(default=None, repr=False, compare=False)
 
-    async def transcript(self) -> str | None:
-        """What the early transcription heard in the turn (None: none was made for it, or it failed)."""
+    async def transcript(self) -> tuple[str, ...] | None:
+        """What the early transcription heard in the turn, in the transcriber's pieces (None: none
+        was made for it, or it failed)."""
         if self.early is None:
             return None
         (result,) = await asyncio.gather(self.early, return_exceptions=True)
-        return result if isinstance(result, str) else None
+        return None if result is None or isinstance(result, BaseException) else tuple(result)
 
 
 ListenEvent = SpeechStarted | SpeechStopped | SpeechSegment
@@ -58,9 +59,10 @@ ListenEvent = SpeechStarted | SpeechStopped | SpeechSegment
 @dataclass(frozen=True)
 class EarlyTranscription:
     """Transcribe the speech once a silence inside it has lasted ``after_ms`` (``tail_ms`` of that
-    silence included). ``transcribe`` gets PCM16 at the buffer's rate; None: it failed."""
+    silence included). ``transcribe`` gets PCM16 at the buffer's rate and returns the transcript in
+    the pieces it made them (Whisper's segments), in order; None: it failed."""
 
-    transcribe: Callable[[bytes], Awaitable[str | None]]
+    transcribe: Callable[[bytes], Awaitable[Sequence[str] | None]]
     after_ms: int = 200
     tail_ms: int = 100
 
@@ -68,7 +70,7 @@ class EarlyTranscription:
 @dataclass(eq=False)
 class _Early:
     silence_ms: float  # where the silence it started at began (the VAD's clock)
-    task: asyncio.Task[str | None]
+    task: asyncio.Task[Sequence[str] | None]
 
 
 class AudioRefused(Exception):
@@ -208,7 +210,7 @@ class Listener:
         pcm = self.audio.peek(self._position(self._start_ms), self._position(silence + config.tail_ms))
         self._early = _Early(silence, spawn(config.transcribe(pcm), "early transcription"))
 
-    def _take_early(self) -> asyncio.Task[str | None] | None:
+    def _take_early(self) -> asyncio.Task[Sequence[str] | None] | None:
         """The transcription of the turn that just stopped (its silence is the one that ended it)."""
         early, self._early = self._early, None
         return early.task if early is not None else None

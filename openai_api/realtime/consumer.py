@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -305,7 +305,7 @@ class RealtimeConsumer(SessionConsumer):
         await self._commit(self.listener.commit(), item_id, event_id=event.event_id)
 
     async def _commit(
-        self, pcm: bytes, item_id: str, event_id: str | None, transcript: str | None = None
+        self, pcm: bytes, item_id: str, event_id: str | None, transcript: Sequence[str] | None = None
     ) -> P.Item | None:
         """The committed audio becomes a user item (committed, added, done); its transcript follows,
         unless it was made early (``transcript``)."""
@@ -332,15 +332,15 @@ class RealtimeConsumer(SessionConsumer):
 
     async def _transcribe(self, item: P.Item) -> None:
         """The item's transcript when no response transcribes it."""
-        transcript = await self._transcript_of(item.audio, P.new_id("asr"))
-        if transcript is None:
+        segments = await self._transcript_of(item.audio, P.new_id("asr"))
+        if segments is None:
             await self.send_event(P.transcription_failed(item.id, "Transcription failed"))
         else:
-            await self._transcribed(item, transcript)
+            await self._transcribed(item, segments)
 
-    async def _transcript_of(self, pcm24: bytes, request_id: str) -> str | None:
-        """Whisper on the engine (``audio.transcribe``, the model /v1/audio/transcriptions uses);
-        None when the engine refused or failed."""
+    async def _transcript_of(self, pcm24: bytes, request_id: str) -> list[str] | None:
+        """Whisper's segment texts, on the engine (``audio.transcribe``, the model
+        /v1/audio/transcriptions uses); None when the engine refused or failed."""
         transcription = self.config.audio.input.transcription
         request = {
             "pipeline": TRANSCRIBE_PIPELINE,
@@ -359,12 +359,17 @@ class RealtimeConsumer(SessionConsumer):
                         "realtime transcription ended with %s: %s", chunk.get("status"), chunk.get("message")
                     )
                     return None
-        return "".join(texts).strip()
+        return texts
 
-    async def _transcribed(self, item: P.Item, transcript: str) -> None:
+    async def _transcribed(self, item: P.Item, segments: Sequence[str]) -> None:
+        """The item's transcript; with transcription on, its deltas (one per Whisper segment), then
+        ``.completed``."""
+        transcript, deltas = P.transcript_deltas(segments)
         if item.content and item.content[0].get("type") == "input_audio":
             item.content[0]["transcript"] = transcript
         if self.config.audio.input.transcription is not None:
+            for delta in deltas:
+                await self.send_event(P.transcription_delta(item.id, delta))
             await self.send_event(P.transcription_completed(item.id, transcript, P.pcm_ms(item.audio)))
 
     # -- items -------------------------------------------------------------------------------------
@@ -552,7 +557,7 @@ class RealtimeConsumer(SessionConsumer):
         response, item = running.response, running.item
         if isinstance(event, Transcript):
             if running.question is not None:
-                await self._transcribed(running.question, event.text)
+                await self._transcribed(running.question, [event.text])
         elif isinstance(event, TextDelta) and event.delta:
             running.text.append(event.delta)
             if response.audio:
