@@ -24,6 +24,10 @@ class ErrorKind(StrEnum):
     LIMIT = "limit"  # a refused handshake: too many sessions
 
 
+# The kinds whose engine messages tell the client to retry shortly (a full server, an engine that
+# cannot be reached): an endpoint passes those words on instead of only saying its request failed.
+RETRYABLE = frozenset({ErrorKind.CAPACITY, ErrorKind.UNREACHABLE})
+
 # What an engine ``end`` message's ``status`` is for each kind (clients that predate kinds read it).
 _STATUS = {ErrorKind.CAPACITY: "busy", ErrorKind.CLIENT: "invalid", ErrorKind.UNREACHABLE: "unavailable"}
 

@@ -1,9 +1,14 @@
-"""Transport for ``/v1/audio/speech/stream``: one explicit session state machine per WebSocket.
+"""Transport for ``/v1/audio/speech/stream``: the speech wire format over the conversation core.
 
-Channels dispatches this socket's messages one at a time to ``receive`` (the single reader). Each
-message type has its own handler. An utterance's generation runs as a separate task so the reader
-keeps listening: ``input.cancel`` stops it between two engine steps, and any other message that
-arrives after the flush is kept, in order, and handled once the utterance is done.
+This consumer is an adapter: it parses the wire messages into calls on the session's
+``omniweb.conversation.Conversation`` (its state machine, and the one turn that may run) and writes
+the core's typed events back as the endpoint's messages. An utterance is the core's ``SpeechTurn``
+(one engine request per batch of pieces, paced, the noise generator carried across requests), run
+as the session's turn, so the reader keeps listening: ``input.cancel`` (and disconnecting, and
+closing) stop it through the core's one interrupt, between two engine steps, and any other message
+that arrives after the flush is kept, in order, and handled once the utterance is done. What is
+wire-specific stays here: WAV or PCM or timestamped chunks, codec framing, the reference's message
+order, how the engine's sentences map onto the client's.
 
 The shape of an utterance on the wire follows ``split_granularity``. ``none`` (the default, as the
 reference) makes the flush one sentence: one ``audio.start``, the audio, one ``audio.done``, while
@@ -17,10 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
-import time
-import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,18 +32,21 @@ import numpy as np
 from django.conf import settings
 
 from omniweb import budget, metrics  # metrics: ops instrumentation (time to first audio)
-from omniweb.conversation.chunks import (
+from omniweb.conversation import (
     AudioChunk,
     CodecCodes,
+    Conversation,
+    ConversationState,
     EngineChunk,
     SentenceEnd,
     SentenceStart,
+    SpeechTurn,
     TurnEnd,
-    parse_chunk,
+    TurnEvent,
 )
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
-from omniweb.errors import ErrorKind
+from omniweb.errors import RETRYABLE, ErrorKind
 from omniweb.protocol import excerpt
 from omniweb.sessions import SessionClock, SessionConsumer, spawn
 
@@ -60,12 +65,10 @@ MAX_PENDING_MESSAGES = 1024  # messages held while an utterance plays; a flood b
 MAX_PENDING_BYTES = 8 * 1024 * 1024
 
 
-class SessionState(enum.Enum):
-    AWAITING_CONFIG = "awaiting_config"
-    READY = "ready"  # configured; buffering text or idle
-    SPEAKING = "speaking"  # sentence/clause: completed pieces are spoken while the client still writes
-    GENERATING = "generating"  # flushed: the rest of the utterance is synthesized and streamed
-    CLOSED = "closed"
+# The session's states are the core's: READY (configured; buffering text or idle), SPEAKING
+# (sentence/clause: completed pieces are spoken while the client still writes), ANSWERING (flushed:
+# the rest of the utterance is synthesized and streamed), AWAITING_CONFIG and CLOSED.
+SessionState = ConversationState
 
 
 @dataclass
@@ -85,30 +88,26 @@ class _Sentence:
     eos_sent: bool = False
 
 
-@dataclass
+@dataclass(eq=False)
 class _Utterance:
+    """What the wire has said of one utterance (the core's ``SpeechTurn`` speaks it)."""
+
     index: int
     text: str  # the text so far (the flushed text for split_granularity none)
     merge: bool  # split_granularity none: the engine's sentences are one sentence on the wire
-    request_id: str = ""  # the engine request now streaming
-    cancelled: bool = False
+    speech: SpeechTurn
     current: _Sentence | None = None
     sentences: int = 0  # audio.done (codec.done) messages sent
     codec: dict[str, Any] | None = None  # codec_tokens mode: the codec's description for codec.start
     ttfa: metrics.FirstAudioClock = field(default_factory=metrics.FirstAudioClock)  # ops: input.done → audio
-    feed: list[str] = field(default_factory=list)  # completed pieces not yet sent to the engine
-    input_done: bool = True  # False while the client may still add pieces (speaking before the flush)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)  # new pieces, the flush, or a cancel
-    streaming: bool = False  # an engine request is open
-    rng_state: str | None = None  # the seeded noise where the previous request left it
-    first_audio_at: float | None = None
-    media_seconds: float = 0.0  # audio (or codes) sent, in seconds of playback
     refused: str | None = None  # why the process budget refused the audio of a file (omniweb/budget.py)
+    cancelling: bool = False
+    over: bool = False  # its session.done went out
 
 
 class SpeechStreamConsumer(SessionConsumer):
     async def connect(self) -> None:
-        self.state = SessionState.AWAITING_CONFIG
+        self.conversation: Conversation | None = None
         self.config: SessionConfig | None = None
         self.text_parts: list[str] = []
         self.text_chars = 0
@@ -121,6 +120,7 @@ class SpeechStreamConsumer(SessionConsumer):
         # First use may load the model: keep that off the event loop, and before the handshake so
         # the config clock only starts once the session can be served.
         self.engine: EngineClient = await asyncio.to_thread(get_engine_client)
+        self.conversation = Conversation(self.engine)
         self.caps = capabilities()
         self.clock = SessionClock(
             config_timeout=settings.SPEECH_CONFIG_TIMEOUT,
@@ -139,20 +139,29 @@ class SpeechStreamConsumer(SessionConsumer):
             "session.close": self.on_session_close,
         }
 
+    @property
+    def state(self) -> ConversationState:
+        """The session's state is the core's (CLOSED before the core exists and once it is released)."""
+        return self.conversation.state if self.conversation is not None else SessionState.CLOSED
+
     def _streaming(self) -> bool:
         """No idle timeout while audio is made for the client (it has nothing to say meanwhile)."""
-        if self.state is SessionState.GENERATING:
+        if self.state is SessionState.ANSWERING:
             return True
-        return self.state is SessionState.SPEAKING and self.utterance is not None and self.utterance.streaming
+        utt = self.utterance
+        return self.state is SessionState.SPEAKING and utt is not None and utt.speech.streaming
 
     async def disconnect(self, code: int) -> None:
-        self.state = SessionState.CLOSED
-        for task in (getattr(self, "watchdog", None), self.generation):
-            if task is not None and not task.done():
-                task.cancel()
-        if self.generation is not None:
-            # Cancelling the task closes the engine stream, which aborts the request in the engine.
-            await asyncio.gather(self.generation, return_exceptions=True)
+        watchdog = getattr(self, "watchdog", None)
+        if watchdog is not None and not watchdog.done():
+            watchdog.cancel()
+        if self.conversation is not None:
+            # The core's interrupt: the engine request is aborted, the utterance's task cancelled.
+            await self.conversation.close()
+        task = self.generation  # the last utterance's task may still be replaying held messages
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
         self._release()
         logger.info("speech session closed (code %s)", code)
 
@@ -167,13 +176,14 @@ class SpeechStreamConsumer(SessionConsumer):
         self.generation = None
         self.watchdog = None
         self.clock = None
+        self.conversation = None
 
     # -- the single reader -------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         self.clock.touch()
         if self.state is SessionState.CLOSED:
             return
-        generating = self.state is SessionState.GENERATING
+        generating = self.state is SessionState.ANSWERING
         speaking = generating or self.state is SessionState.SPEAKING
         if speaking and text_data is not None and _is_cancel(text_data):
             await self.cancel_utterance()
@@ -223,7 +233,7 @@ class SpeechStreamConsumer(SessionConsumer):
             await self.reject(exc.message)  # fatal only for the first config; else the old one stays
             return
         self.config = config
-        self.state = SessionState.READY
+        self.conversation.configure()  # READY: the speech endpoint buffers no frames or audio
 
     async def on_input_text(self, msg: dict[str, Any]) -> None:
         text = msg.get("text", "")
@@ -270,9 +280,8 @@ class SpeechStreamConsumer(SessionConsumer):
             self.start_utterance(complete, config, codec, input_done=False)
             return
         self.text_parts = [buffered[cut:]]
-        self.utterance.feed.extend(complete)
+        self.utterance.speech.add(complete)
         self.utterance.text = f"{self.utterance.text} {' '.join(complete)}"
-        self.utterance.wake.set()
 
     async def on_input_done(self, msg: dict[str, Any]) -> None:
         assert self.config is not None
@@ -284,12 +293,10 @@ class SpeechStreamConsumer(SessionConsumer):
         utt = self.utterance
         if utt is not None:  # speaking before the flush: the rest joins the utterance
             pieces = split_text(text, config.split_granularity)
-            utt.feed.extend(pieces)
+            utt.speech.finish(pieces)
             if pieces:
                 utt.text = f"{utt.text} {' '.join(pieces)}"
-            utt.input_done = True
-            utt.wake.set()
-            self.state = SessionState.GENERATING
+            self.conversation.input_closed()
             return
         if text:
             codec, problem, kind = await self._flush_plan(config)
@@ -321,7 +328,7 @@ class SpeechStreamConsumer(SessionConsumer):
         await self.send_json(protocol.input_cancelled(self.utterance_index))
 
     async def on_session_close(self, msg: dict[str, Any]) -> None:
-        self.state = SessionState.CLOSED
+        self.conversation.state = SessionState.CLOSED  # disconnect then stops the utterance (conversation.close)
         await self.close()
 
     @staticmethod
@@ -334,42 +341,55 @@ class SpeechStreamConsumer(SessionConsumer):
             return None
         return codec.spec()
 
-    # -- utterances --------------------------------------------------------------------------------
+    # -- utterances: the core's speech turn --------------------------------------------------------
     def start_utterance(
         self, pieces: list[str], config: SessionConfig, codec: dict[str, Any] | None = None, *, input_done: bool = True
     ) -> None:
         """Start speaking ``pieces``; ``codec`` (the codec's spec) selects codec_tokens output.
 
-        ``input_done=False``: the client is still writing; more pieces come through ``feed``.
+        ``input_done=False``: the client is still writing; more pieces come through ``speech.add``.
         """
-        self.state = SessionState.GENERATING if input_done else SessionState.SPEAKING
-        self.utterance = _Utterance(
-            index=self.utterance_index,
-            text=" ".join(pieces),
-            merge=config.split_granularity == "none" and codec is None,
-            codec=codec,
-            feed=list(pieces),
+        merge = config.split_granularity == "none" and codec is None
+        speech = SpeechTurn(
+            lambda batch: self._request(config, batch, merge=merge, codec=codec),
+            pieces,
             input_done=input_done,
+            max_ahead_seconds=settings.ENGINE_MAX_AHEAD_SECONDS,
+            on_activity=self._touch,  # the idle clock pauses while audio is made
         )
-        self.generation = spawn(self._run_utterance(self.utterance, config), "speech utterance")
+        utt = _Utterance(index=self.utterance_index, text=" ".join(pieces), merge=merge, speech=speech, codec=codec)
+        self.utterance = utt
+        turn = self.conversation.start_turn(
+            speech,
+            lambda turn, event: self._emit(utt, config, event),
+            stopped=lambda: utt.over or self.send_stalled or self.client_gone,  # leaving aborts the request
+            ended=lambda turn: self._utterance_over(utt),
+            input_open=not input_done,
+        )
+        self.generation = turn.task
 
-    def _request(self, utt: _Utterance, config: SessionConfig, pieces: list[str]) -> dict[str, Any]:
-        """The engine request for the next pieces of the utterance."""
+    def _touch(self) -> None:
+        if self.clock is not None:
+            self.clock.touch()
+
+    @staticmethod
+    def _request(
+        config: SessionConfig, pieces: list[str], *, merge: bool, codec: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """The engine request for the next pieces of the utterance (the core adds the noise state)."""
         if config.split_granularity == "none":
             # One sentence on the wire, but synthesized sentence by sentence so the first one plays
             # while the rest is made (codec_tokens keeps one code stream: the talker takes it whole).
-            text, split = pieces[0], ("none" if utt.codec is not None else "sentence")
+            text, split = pieces[0], ("none" if codec is not None else "sentence")
         else:
             # One piece per line: the splitter cuts them exactly where they were cut here.
             text, split = "\n".join(pieces), config.split_granularity
         request = protocol.tts_request(text, config, PIPELINE, split=split)
-        if split == "sentence" and utt.merge:
+        if split == "sentence" and merge:
             request["max_frames_scope"] = "request"  # max_new_tokens caps the flush, as one request
             if not config.stream_audio:
                 request["paced"] = False  # one file at the end: nothing plays meanwhile, so no pacing
-        if utt.rng_state is not None:
-            request["rng_state"] = utt.rng_state
-        if utt.codec is not None:
+        if codec is not None:
             # As the reference's codec request: no timestamps, no vocoder chunking (nothing is vocoded).
             request.update(pipeline=CODEC_PIPELINE, codec_output="codes", timestamps=False, first_chunk_frames=None)
         elif config.vocoder == "codec":
@@ -377,115 +397,67 @@ class SpeechStreamConsumer(SessionConsumer):
         return request
 
     async def cancel_utterance(self) -> None:
+        """``input.cancel``: the core's interrupt, then the utterance ends on the wire as cancelled."""
         utt = self.utterance
-        if utt is not None and not utt.cancelled:
-            utt.cancelled = True
-            self.text_parts.clear()
-            self.text_chars = 0
-            utt.wake.set()
-            if utt.streaming:
-                await self.engine.abort(utt.request_id)
+        if utt is None or utt.cancelling:
+            return
+        self.text_parts.clear()
+        self.text_chars = 0
+        if utt.speech.finished:  # every piece is spoken: a cancel after the last audio is moot
+            return
+        utt.cancelling = True
+        await self.conversation.interrupt()
+        if not utt.over and self.config is not None and self.state is not SessionState.CLOSED:
+            await self._end_utterance(utt, self.config, cancelled=True)
+        await self._utterance_over(utt)
 
-    async def _run_utterance(self, utt: _Utterance, config: SessionConfig) -> None:
-        """Speak the utterance's pieces as they come, one engine request per batch, then end it."""
-        try:
-            status = "ok"
-            while status == "ok" and (utt.feed or not utt.input_done) and not utt.cancelled:
-                if not utt.feed:
-                    utt.wake.clear()
-                    await utt.wake.wait()
-                    continue
-                await self._pace(utt)
-                if utt.cancelled:
-                    break
-                pieces, utt.feed = utt.feed, []
-                status = await self._stream_request(utt, config, self._request(utt, config, pieces))
-            if status == "ok":
-                if utt.cancelled and (utt.feed or not utt.input_done):  # a cancel after the last audio is moot
-                    await self._end_utterance(utt, config, cancelled=True)
-                else:
-                    if utt.current is not None:  # split_granularity none: the flush's one sentence
-                        await self._close_sentence(utt, utt.current, config)
-                    await self.send_json(protocol.session_done(utt.index, utt.sentences))
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("utterance %d failed", utt.index)
-            await self._end_utterance(utt, config, failed=True, kind=ErrorKind.ENGINE)
+    async def _emit(self, utt: _Utterance, config: SessionConfig, event: TurnEvent) -> None:
+        """One typed event of the utterance → the wire."""
+        if isinstance(event, TurnEnd):
+            await self._on_end(utt, config, event)
+            return
+        await self._on_chunk(utt, config, event)
+        if utt.refused is not None:  # the core stops the turn (stopped()), which aborts the request
+            await self._end_utterance(utt, config, failed=True, kind=ErrorKind.CAPACITY, reason=utt.refused)
+
+    async def _utterance_over(self, utt: _Utterance) -> None:
+        """After the utterance, however it ended: the next one, and the messages held meanwhile."""
+        if self.utterance is not utt:
+            return
         self.utterance = None
         self.budget_share.hold("file audio", 0)
         self.utterance_index += 1
         if self.state is SessionState.CLOSED:
             return
-        if self.state is SessionState.SPEAKING:
+        if not utt.speech.input_done:
             # Ended before the flush (cancelled or failed): what the client writes next is a new utterance.
             self.text_parts.clear()
             self.text_chars = 0
             self.budget_share.hold("text", 0)
-        self.state = SessionState.READY
+        self.conversation.state = SessionState.READY
         self.clock.touch()  # the idle clock restarts when the utterance ends
         await self._replay_pending()
 
-    async def _pace(self, utt: _Utterance) -> None:
-        """Before the next request: wait while the audio sent is over ENGINE_MAX_AHEAD_SECONDS ahead.
-
-        The engine paces each request from its own first audio; across the requests of one
-        utterance the listener's position is only known here.
-        """
-        limit = settings.ENGINE_MAX_AHEAD_SECONDS
-        while limit > 0 and utt.first_audio_at is not None and not utt.cancelled:
-            ahead = utt.media_seconds - (time.monotonic() - utt.first_audio_at)
-            if ahead <= limit:
-                return
-            utt.wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(utt.wake.wait(), ahead - limit)
-
-    async def _stream_request(self, utt: _Utterance, config: SessionConfig, request: dict[str, Any]) -> str:
-        """Stream one engine request to the client; its end status ("stalled": the session was closed).
-
-        Anything but "ok" has already ended the utterance on the wire.
-        """
-        utt.request_id = uuid.uuid4().hex
-        utt.streaming = True
-        self.clock.touch()  # the idle clock pauses while audio is made
-        try:
-            async with contextlib.aclosing(self.engine.stream(request, utt.request_id)) as stream:
-                async for raw in stream:
-                    chunk = parse_chunk(raw)  # the engine's dicts become types in one place
-                    if isinstance(chunk, TurnEnd):
-                        return await self._on_end(utt, config, chunk)
-                    if chunk is not None:
-                        await self._on_chunk(utt, config, chunk)
-                    if utt.refused is not None:  # leaving the loop aborts the request
-                        await self._end_utterance(utt, config, failed=True, kind=ErrorKind.CAPACITY, reason=utt.refused)
-                        return "refused"
-                    if self.send_stalled or self.client_gone:  # failed by a send, or gone (sessions.py)
-                        return "stalled"  # leaving the loop closes the engine stream, which aborts the request
-        finally:
-            utt.streaming = False
-            self.clock.touch()
-        raise RuntimeError("engine stream ended without an end chunk")
-
-    async def _on_end(self, utt: _Utterance, config: SessionConfig, end: TurnEnd) -> str:
+    async def _on_end(self, utt: _Utterance, config: SessionConfig, end: TurnEnd) -> None:
         status = end.status
         kind = end.kind or ErrorKind.ENGINE
-        if status == "ok":
-            utt.rng_state = end.rng_state
-        elif status == "cancelled" and utt.cancelled:
-            await self._end_utterance(utt, config, cancelled=True)
+        if status == "ok":  # every piece is spoken
+            if utt.current is not None:  # split_granularity none: the flush's one sentence
+                await self._close_sentence(utt, utt.current, config)
+            await self.send_json(protocol.session_done(utt.index, utt.sentences))
+            utt.over = True
         elif status in ("busy", "unavailable") and utt.sentences == 0 and utt.current is None:
             # nothing was generated: the client may retry
             await self.send_json(protocol.error(end.message or "", kind=kind))
             await self.send_json(protocol.session_done(utt.index, 0))
+            utt.over = True
         elif status in ("busy", "unavailable"):  # a later request of an utterance that already spoke
             await self.send_json(protocol.error(end.message or "", kind=kind))
             await self._end_utterance(utt, config, failed=True, kind=kind)
         else:
             logger.warning("utterance %d ended with %s (%s): %s", utt.index, status, end.kind, end.message)
-            retry = end.message if "retry" in str(end.message) else None
+            retry = end.message if kind in RETRYABLE else None  # an engine outage says so, and to retry
             await self._end_utterance(utt, config, failed=True, kind=kind, reason=retry)
-        return status
 
     async def _replay_pending(self) -> None:
         """Handle the held messages in order; new arrivals queue behind them until it is done."""
@@ -530,7 +502,7 @@ class SpeechStreamConsumer(SessionConsumer):
             sentence.sent_bytes = len(blob)
             await self.send(bytes_data=blob)
             utt.ttfa.audio_sent(stream=False)  # ops
-            self._played(utt, sentence.pcm_bytes / protocol.BYTES_PER_SAMPLE / protocol.SAMPLE_RATE)
+            utt.speech.played(sentence.pcm_bytes / protocol.BYTES_PER_SAMPLE / protocol.SAMPLE_RATE)
         elif config.word_timestamps:
             final = protocol.audio_chunk(utt.index, sentence.index, sentence.chunk_id, b"", 0, sentence.timestamps)
             final["chunk_end_ms"] = protocol.samples_to_ms(sentence.sent_bytes)
@@ -538,13 +510,6 @@ class SpeechStreamConsumer(SessionConsumer):
         await self.send_json(protocol.audio_done(utt.index, sentence.index, sentence.sent_bytes))
         utt.sentences += 1
         utt.current = None
-
-    @staticmethod
-    def _played(utt: _Utterance, seconds: float) -> None:
-        """Count media sent, for pacing across the utterance's requests."""
-        if utt.first_audio_at is None:
-            utt.first_audio_at = time.monotonic()
-        utt.media_seconds += seconds
 
     async def _on_audio(self, utt: _Utterance, sentence: _Sentence, config: SessionConfig, pcm: bytes) -> None:
         sentence.pcm_bytes += len(pcm)
@@ -554,7 +519,7 @@ class SpeechStreamConsumer(SessionConsumer):
                 return
             sentence.buffer.append(pcm)
             return
-        self._played(utt, len(pcm) / protocol.BYTES_PER_SAMPLE / protocol.SAMPLE_RATE)
+        utt.speech.played(len(pcm) / protocol.BYTES_PER_SAMPLE / protocol.SAMPLE_RATE)
         if config.word_timestamps:
             await self.send_json(
                 protocol.audio_chunk(utt.index, sentence.index, sentence.chunk_id, pcm, sentence.sent_bytes, None)
@@ -589,7 +554,7 @@ class SpeechStreamConsumer(SessionConsumer):
             sentence.frames += rows.shape[0]
             sentence.eos_sent = last
             utt.ttfa.audio_sent(stream=True)  # ops
-            self._played(utt, rows.shape[0] * FRAME_SECONDS)
+            utt.speech.played(rows.shape[0] * FRAME_SECONDS)
         elif isinstance(chunk, SentenceEnd) and utt.current is not None:
             sentence = utt.current
             await self.send_json(protocol.codec_done(utt.index, sentence.index, sentence.frames, sentence.seq - 1))
@@ -644,6 +609,7 @@ class SpeechStreamConsumer(SessionConsumer):
         utt.sentences += 1
         utt.current = None
         await self.send_json(protocol.session_done(utt.index, utt.sentences))
+        utt.over = True
 
     async def _end_utterance(
         self,
@@ -682,14 +648,13 @@ class SpeechStreamConsumer(SessionConsumer):
         utt.sentences += 1
         utt.current = None
         await self.send_json(protocol.session_done(utt.index, utt.sentences))
+        utt.over = True
 
     # -- errors and timeouts -----------------------------------------------------------------------
     async def fail(self, message: str, kind: ErrorKind = ErrorKind.CLIENT) -> None:
         await self.send_json(protocol.error(message, kind=kind))
-        self.state = SessionState.CLOSED
-        task = self.generation
-        if task is not None and not task.done() and task is not asyncio.current_task():
-            task.cancel()
+        if self.conversation is not None:
+            await self.conversation.close()  # CLOSED; the utterance (unless it is the caller) is interrupted
         await self.close()
 
     async def on_timeout(self, awaiting_config: bool) -> None:

@@ -20,13 +20,17 @@ from omniweb.conversation import (
     ChunkParser,
     Conversation,
     ConversationState,
+    EarlyTranscription,
     FrameBuffer,
     FrameSelection,
     FramesSelected,
     History,
+    Listener,
     NoUsableFrames,
     Question,
     SentenceStart,
+    SpeechSegment,
+    SpeechTurn,
     TextDelta,
     TextEnd,
     Transcript,
@@ -38,6 +42,8 @@ from omniweb.conversation import (
     run_turn,
 )
 from omniweb.engine.runtime import get_engine_client, get_scheduler
+from omniweb.errors import ErrorKind
+from omniweb.vad import SpeechStarted, SpeechStopped, VadParams, VoiceActivity
 from video.frames import FrameError
 
 
@@ -259,3 +265,211 @@ def test_parse_chunk_types_every_engine_chunk_an_endpoint_reads():
     assert (busy.ok, busy.kind, busy.message) == (False, ErrorKind.CAPACITY, "full")
     assert parse_chunk({"type": "end", "status": "invalid"}).kind is ErrorKind.CLIENT  # an older engine: by status
     assert parse_chunk({"type": "something.else"}) is None
+
+
+# -- the speech turn: a turn whose events come from another runner ---------------------------------
+def tts(pieces, seed: int | None = 7) -> dict:
+    from speech.protocol import SessionConfig, tts_request
+    from speech.tts.loops import PIPELINE
+
+    config = SessionConfig.model_validate({"seed": seed, "split_granularity": "sentence", "word_timestamps": True})
+    return tts_request("\n".join(pieces), config, PIPELINE)
+
+
+def pcm_of(events) -> bytes:
+    return b"".join(e.pcm for e in events if isinstance(e, AudioChunk))
+
+
+async def test_a_speech_turn_speaks_its_pieces_as_they_come_through_the_same_session():
+    get_scheduler()
+    conversation = Conversation(get_engine_client())
+    conversation.configure()  # the speech endpoint buffers no frames or audio
+    seen: list = []
+    over = asyncio.Event()
+
+    async def emit(turn, event) -> None:
+        seen.append(event)
+
+    async def ended(turn) -> None:
+        assert conversation.state is ConversationState.READY and conversation.turn is None
+        over.set()
+
+    speech = SpeechTurn(tts, ["The first sentence is here."], input_done=False, max_ahead_seconds=30)
+    conversation.start_turn(speech, emit, ended=ended, input_open=True)
+    assert conversation.state is ConversationState.SPEAKING  # it speaks while the client still writes
+    await asyncio.sleep(0.2)
+    speech.add(["And then a second one."])
+    conversation.input_closed()
+    assert conversation.state is ConversationState.ANSWERING
+    speech.finish(["A third ends it."])
+    await asyncio.wait_for(over.wait(), 60)
+    starts = [e for e in seen if isinstance(e, SentenceStart)]
+    assert [s.text for s in starts] == ["The first sentence is here.", "And then a second one.", "A third ends it."]
+    assert starts[0].index == 0 and all(s.words for s in starts)  # words relative to each sentence
+    end = seen[-1]
+    assert isinstance(end, TurnEnd) and end.ok and end.rng_state and speech.finished
+    assert sum(isinstance(e, TurnEnd) for e in seen) == 1  # the requests' own ends stay in the runner
+    # The noise generator is carried from request to request: the audio equals one request's.
+    whole = [e async for e in SpeechTurn(tts, [s.text for s in starts]).run(get_engine_client())]
+    assert pcm_of(seen) == pcm_of(whole)
+    assert speech.media_seconds == 0  # nothing was said to be played: the adapter says what it sent
+    await conversation.close()
+
+
+async def test_interrupting_a_speech_turn_aborts_its_request_and_ends_nothing_on_its_behalf():
+    get_scheduler()
+    conversation = Conversation(get_engine_client())
+    conversation.configure()
+    seen: list = []
+    first = asyncio.Event()
+    ended_calls: list = []
+
+    async def emit(turn, event) -> None:
+        seen.append(event)
+        if isinstance(event, AudioChunk):
+            first.set()
+
+    async def ended(turn) -> None:
+        ended_calls.append(turn)
+
+    text = " ".join(f"Sentence number {i} goes on for a while before it stops." for i in range(12))
+    turn = conversation.start_turn(SpeechTurn(tts, [text]), emit, ended=ended)
+    await asyncio.wait_for(first.wait(), 30)
+    assert turn.request_id is not None  # the engine request now streaming
+    assert await conversation.interrupt()
+    count = len(seen)
+    await asyncio.sleep(0.3)
+    assert len(seen) == count and not any(isinstance(e, TurnEnd) for e in seen)
+    assert ended_calls == [] and conversation.state is ConversationState.READY  # the interrupter takes over
+    assert turn.request_id is None
+    await conversation.close()
+
+
+async def test_an_interrupt_lets_the_event_being_written_complete():
+    get_scheduler()
+    conversation = Conversation(get_engine_client())
+    conversation.configure()
+    writing = asyncio.Event()
+    written: list = []
+
+    async def emit(turn, event) -> None:
+        if isinstance(event, AudioChunk) and not written:
+            writing.set()
+            await asyncio.sleep(0.2)  # a slow send: its bytes are counted only once it returns
+            written.append(event)
+
+    conversation.start_turn(SpeechTurn(tts, ["One sentence that is long enough to stream."]), emit)
+    await asyncio.wait_for(writing.wait(), 30)
+    assert await conversation.interrupt()
+    assert len(written) == 1  # completed, not cut in the middle; nothing after it
+    await conversation.close()
+
+
+async def test_a_failed_request_ends_the_speech_turn_with_its_kind():
+    get_scheduler()
+
+    def refused(pieces) -> dict:
+        return {**tts(pieces), "speed": 1000.0}  # the pipeline's own validation refuses it
+
+    events = [e async for e in SpeechTurn(refused, ["Hello there.", "Never spoken."]).run(get_engine_client())]
+    assert len(events) == 1 and isinstance(events[0], TurnEnd)
+    assert not events[0].ok and events[0].kind is ErrorKind.CLIENT
+
+
+# -- listening: the Realtime endpoint's input audio (24 kHz, batched VAD, early transcript, commit/clear)
+RATE24 = 24000
+BYTES_PER_MS24 = RATE24 * 2 // 1000
+
+
+def test_the_audio_buffer_cuts_by_stream_position_and_keeps_what_follows():
+    audio = AudioBuffer(10_000 * BYTES_PER_MS24, RATE24)
+    ramp = np.arange(24000, dtype="<i2").tobytes()  # one second; sample n = n, so cuts are checkable
+    assert audio.append(ramp) is None and audio.duration_ms == 1000
+    peek = np.frombuffer(audio.peek(audio.position(100), audio.position(200)), "<i2")
+    assert (peek[0], len(peek)) == (2400, 2400) and audio.duration_ms == 1000  # peek leaves it all there
+    audio.keep_last(audio.position(600))  # silence before speech is dropped: stream positions stay right
+    assert audio.start == audio.position(400)
+    audio.drop_before(audio.position(500))
+    taken = np.frombuffer(audio.take_before(audio.position(800)), "<i2")
+    assert (taken[0], taken[-1], len(taken)) == (12000, 19199, 7200)
+    assert audio.start == audio.position(800) and audio.duration_ms == 200  # what followed stays
+    assert np.frombuffer(audio.take(), "<i2")[0] == 19200
+    small = AudioBuffer(100 * BYTES_PER_MS24, RATE24)
+    assert small.append(bytes(80 * BYTES_PER_MS24)) is None
+    assert small.append(bytes(80 * BYTES_PER_MS24)) is not None and len(small) == 0  # emptied on overflow
+
+
+@pytest.fixture(scope="module")
+def question24() -> bytes:
+    from hibari import Hibari
+
+    speech = Hibari()("How many people can you see in the room?", seed=7)
+    pcm = (np.clip(speech, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+    return bytes(RATE24 * 2) + pcm + bytes(RATE24 * 3)  # 1 s silence, the question, 1.5 s of silence
+
+
+async def whisper(pcm24: bytes) -> list[str]:
+    """Whisper's segment texts (the engine's ``audio.transcribe``)."""
+    request = {"pipeline": "audio.transcribe", "audio": resample_pcm16(pcm24, RATE24, 16000), "temperature": 0.0}
+    return [str(c["segment"]["text"]) async for c in get_engine_client().stream(request) if c["type"] == "segment"]
+
+
+async def listen(listener: Listener, pcm: bytes, chunk_ms: int = 20) -> list:
+    step = chunk_ms * BYTES_PER_MS24
+    out: list = []
+    for i in range(0, len(pcm), step):
+        out += await listener.feed(pcm[i : i + step])
+    return out
+
+
+def loud_from_ms(pcm: bytes) -> float:
+    """Where the audio first gets loud (the speech), in ms from its start."""
+    samples = np.abs(np.frombuffer(pcm, "<i2").astype(np.float32))
+    return float(np.flatnonzero(samples > 0.05 * samples.max())[0]) / (RATE24 / 1000)
+
+
+async def test_a_24_khz_question_is_heard_batched_and_transcribed_before_the_turn_is_certain(question24):
+    get_scheduler()
+    audio = AudioBuffer(60_000 * BYTES_PER_MS24, RATE24)
+    early_calls: list[int] = []
+
+    async def transcribe(pcm: bytes) -> list[str]:
+        early_calls.append(len(pcm))
+        return await whisper(pcm)
+
+    vad = VoiceActivity(get_engine_client(), VadParams(), RATE24)
+    listener = Listener(vad, audio, feed_ms=96, early=EarlyTranscription(transcribe))
+    events = await listen(listener, question24)
+    started, stopped, segment = events
+    assert isinstance(started, SpeechStarted) and isinstance(stopped, SpeechStopped)
+    assert isinstance(segment, SpeechSegment)
+    assert (segment.audio_start_ms, segment.audio_end_ms) == (started.audio_start_ms, stopped.audio_end_ms)
+    assert 200 <= loud_from_ms(segment.audio) <= 400  # the 300 ms prefix padding, then the question
+    assert len(segment.audio) == (stopped.audio_end_ms - started.audio_start_ms) * BYTES_PER_MS24
+    assert early_calls  # started at the silence, before silence_duration_ms had passed
+    heard = await segment.transcript()
+    assert heard is not None and {"people", "room"} <= set(words_of("".join(heard)))
+    assert audio.duration_ms <= 300 + 100 + 96  # between turns only the padding's worth of silence stays
+    listener.close()
+
+
+async def test_commit_and_clear_start_afresh_and_keep_the_cuts_where_the_speech_is(question24):
+    get_scheduler()
+    audio = AudioBuffer(60_000 * BYTES_PER_MS24, RATE24)
+    listener = Listener(None, audio, feed_ms=96)  # turn_detection null: audio only buffers
+    assert await listen(listener, bytes(200 * BYTES_PER_MS24)) == []
+    assert len(listener.commit()) == 200 * BYTES_PER_MS24 and len(audio) == 0
+    await listen(listener, bytes(50 * BYTES_PER_MS24))
+    listener.clear()
+    assert len(audio) == 0
+    # A detector from here on (session.update): it hears only what comes next; a commit that takes
+    # audio it has not heard yet (the batch not yet fed) leaves its cuts where the speech is.
+    listener.listen_with(VoiceActivity(get_engine_client(), VadParams(), RATE24))
+    assert await listen(listener, bytes(130 * BYTES_PER_MS24)) == []
+    assert len(listener.commit()) == 130 * BYTES_PER_MS24
+    events = await listen(listener, question24)
+    segment = next(e for e in events if isinstance(e, SpeechSegment))
+    assert len(segment.audio) == (segment.audio_end_ms - segment.audio_start_ms) * BYTES_PER_MS24
+    assert 200 <= loud_from_ms(segment.audio) <= 400  # the 300 ms prefix padding, then the question
+    assert await segment.transcript() is None  # no early transcription asked for
+    listener.close()

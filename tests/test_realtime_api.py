@@ -188,6 +188,12 @@ async def test_a_spoken_question_about_an_image_with_server_vad(conn: Any, spoke
     assert 300 <= started.audio_start_ms < stopped.audio_end_ms <= len(spoken) // 48
     heard = next(e for e in events if e.type == "conversation.item.input_audio_transcription.completed")
     assert heard.item_id == committed.item_id and "people" in heard.transcript.lower()
+    deltas = [e for e in events if e.type == "conversation.item.input_audio_transcription.delta"]
+    assert deltas and all(d.item_id == committed.item_id for d in deltas)  # Whisper's segments, then completed
+    assert "".join(d.delta for d in deltas) == heard.transcript
+    assert types.index("conversation.item.input_audio_transcription.delta") < types.index(
+        "conversation.item.input_audio_transcription.completed"
+    )
     assert types.index("input_audio_buffer.committed") < types.index("response.created")
     audio = b"".join(base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta")
     assert len(audio) > RATE  # over half a second of answer

@@ -411,46 +411,27 @@ def test_input_audio_events_parse() -> None:
         P.speech_started(1200, "item_a"),
         P.speech_stopped(2600, "item_a"),
         P.transcription_completed("item_a", "What do you see?", 1400),
+        P.transcription_delta("item_a", "What do"),
         P.transcription_failed("item_a", "Transcription failed"),
         P.item_deleted("item_a"),
     ]:
         sdk_parses(payload)
 
 
+def test_transcription_deltas_are_whispers_segments_and_join_to_the_transcript() -> None:
+    assert P.transcript_deltas([" How many people", " can you see?  "]) == (
+        "How many people can you see?",
+        ["How many people", " can you see?"],
+    )
+    assert P.transcript_deltas([" Hello."]) == ("Hello.", ["Hello."])
+    assert P.transcript_deltas(["  ", " Hi", " "]) == ("Hi", ["Hi"])  # empty pieces send nothing
+    assert P.transcript_deltas([]) == ("", [])
+
+
 def test_ids_look_like_openais() -> None:
     ids = {P.new_id("event") for _ in range(1000)}
     assert len(ids) == 1000
     assert all(i.startswith("event_") and len(i) == 28 and i[6:].isalnum() for i in ids)
-
-
-# -- the consumer's input audio buffer (stream clock arithmetic) ----------------------------------------
-def test_the_input_buffer_cuts_by_stream_time_and_keeps_what_follows() -> None:
-    from openai_api.realtime.consumer import BYTES_PER_MS, _InputAudio
-
-    audio = _InputAudio(max_ms=10_000)
-    ramp = np.arange(24000, dtype="<i2").tobytes()  # one second; sample n = n, so cuts are checkable
-    assert audio.append(ramp) is None
-    assert (audio.start_ms, audio.end_ms) == (0, 1000)
-    peek = np.frombuffer(audio.peek(100, 200), "<i2")
-    assert (peek[0], len(peek)) == (2400, 2400) and audio.end_ms == 1000  # peek leaves it all there
-    audio.keep_last(600)  # silence before speech is dropped: the stream clock stays right
-    assert (audio.start_ms, audio.end_ms) == (400, 1000)
-    taken = np.frombuffer(audio.take(500, 800), "<i2")
-    assert (taken[0], taken[-1], len(taken)) == (12000, 19199, 7200)
-    assert (audio.start_ms, audio.end_ms) == (800, 1000)  # what followed the cut stays for the next turn
-    assert np.frombuffer(audio.take(), "<i2")[0] == 19200
-    audio.append(bytes(48 * BYTES_PER_MS))
-    audio.clear()
-    assert audio.start_ms == audio.end_ms == 1048
-
-
-def test_an_overflowing_input_buffer_is_emptied_and_its_clock_moves_on() -> None:
-    from openai_api.realtime.consumer import _InputAudio
-
-    audio = _InputAudio(max_ms=100)
-    assert audio.append(bytes(48 * 80)) is None
-    assert audio.append(bytes(48 * 80)) is not None
-    assert audio.start_ms == audio.end_ms == 160
 
 
 # -- whatever a client sends ---------------------------------------------------------------------------

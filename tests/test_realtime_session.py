@@ -82,6 +82,8 @@ async def test_a_pause_inside_a_question_does_not_end_the_turn(connect: Callable
     heard = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
     words = heard["transcript"].lower()
     assert "people" in words and "see" in words, heard
+    deltas = [e["delta"] for e in events if e["type"] == "conversation.item.input_audio_transcription.delta"]
+    assert "".join(deltas) == heard["transcript"]  # the abandoned early pass sent none
     done = events[-1]["response"]
     assert done["status"] == "completed" and done["output"][0]["content"][0]["text"]
 

@@ -1,16 +1,29 @@
 """The protocol-neutral conversation core: one session's state, buffers and turns, no Channels.
 
-Each WebSocket endpoint that converses about the camera (``/v1/video/chat/stream`` in
-video/consumers.py, ``/v1/realtime`` in openai_api/realtime/) is an adapter over this package: it
-parses its wire messages into the typed values below, calls the core, and writes the core's typed
-events back in its own format. Nothing here imports Channels or knows a wire format.
+Each WebSocket endpoint is an adapter over this package: it parses its wire messages into the typed
+values below, calls the core, and writes the core's typed events back in its own format. Nothing
+here imports Channels or knows a wire format. What each adapter uses:
+
+- ``/v1/video/chat/stream`` (video/consumers.py): ``Conversation`` with ``FrameBuffer``,
+  ``AudioBuffer`` (16 kHz) and ``History``; a ``video.query`` is a ``TurnSpec`` turn; with
+  ``turn_detection``, ``Listener`` over its ``audio.chunk``s.
+- ``/v1/realtime`` (openai_api/realtime/consumer.py): ``Conversation`` with ``FrameBuffer`` (the
+  images) and ``AudioBuffer`` (24 kHz, the input audio buffer); ``Listener`` for every append
+  (server VAD batched by ``feed_ms``, early transcription, ``commit`` / ``clear``, ``listen_with`` on
+  ``session.update``); a response is a ``TurnSpec`` turn.
+- ``/v1/audio/speech/stream`` (speech/consumers.py): ``Conversation`` alone (no buffers); an
+  utterance is a ``SpeechTurn`` turn, fed pieces as the client writes them (state SPEAKING), then
+  flushed (ANSWERING); ``input.cancel``, disconnect and close stop it through ``interrupt`` / ``close``.
 
 Session (``session.py``)
     ``Conversation(engine, on_idle=...)``: ``state`` (``ConversationState``: AWAITING_CONFIG → READY
-    ⇄ ANSWERING → FINISHING → CLOSED), ``configure(frames=, audio=, history=)``,
-    ``start_turn(spec, emit, stopped=) -> ActiveTurn`` (runs the turn as a task; each event is
-    awaited through ``emit(turn, event)`` in order), ``interrupt()`` (aborts the engine request at
-    once; the turn emits nothing more), ``wait()``, ``close()``.
+    ⇄ ANSWERING (or SPEAKING while the turn's input still arrives) → FINISHING → CLOSED),
+    ``configure(frames=, audio=, history=)`` (each optional), ``start_turn(turn, emit, stopped=,
+    ended=, input_open=) -> ActiveTurn`` (runs any ``Turn``, an object with ``request_id``, ``frames``
+    and ``run(engine)``, as a task; each event is awaited through ``emit(turn, event)`` in order;
+    ``ended`` is awaited when it ends on its own), ``input_closed()`` (SPEAKING → ANSWERING),
+    ``interrupt()`` (the one way to stop a turn early: aborts the engine request at once, lets the
+    event being written complete, cancels the task; the turn emits nothing more), ``wait()``, ``close()``.
 Frame buffer (``frames.py``)
     ``FrameBuffer(max_frames=, max_bytes=, max_pixels=, filter_threshold=, on_decode_failed=)``:
     ``await add(b64, received_ms=, frame_id=, pts_ms=, meta=) -> FrameAdded`` (raises
@@ -19,18 +32,27 @@ Frame buffer (``frames.py``)
     frames decode ahead of any turn. ``FrameSelection(num_frames, strategy, window_seconds)`` picks
     the frames a turn shows the thinker (``"latest_frames"``: the latest N).
 Audio buffer (``audio.py``)
-    ``AudioBuffer(max_bytes, sample_rate)``: ``append(pcm) -> problem | None``, ``take()``, ``clear()``;
+    ``AudioBuffer(max_bytes, sample_rate)``: ``append(pcm) -> problem | None``, ``take()``, ``clear()``,
+    cuts by stream position (``position(ms)``, ``take_before``, ``peek``, ``keep_last``);
     ``resample_pcm16(pcm, from_rate, to_rate)`` (a 24 kHz question → the turn's 16 kHz).
 History (``history.py``)
     ``History(max_turns)``: ``remember(question, answer)``, ``messages()``.
 Listening (``listening.py``): server VAD over the audio buffer
-    ``Listener(VoiceActivity(engine, VadParams(...)), audio, take_segments=)``: ``await feed(pcm)``
-    returns ``SpeechStarted`` / ``SpeechStopped`` (``omniweb.vad``) and, after each stop, the turn's
-    ``SpeechSegment(audio, audio_start_ms, audio_end_ms)``; raises ``AudioRefused``.
+    ``Listener(VoiceActivity(engine, VadParams(...), rate) | None, audio, take_segments=, feed_ms=,
+    early=EarlyTranscription(transcribe))``: ``await feed(pcm)`` returns ``SpeechStarted`` /
+    ``SpeechStopped`` (``omniweb.vad``; 24 kHz input is resampled for the model by ``VoiceActivity``)
+    and, after each stop, the turn's ``SpeechSegment(audio, audio_start_ms, audio_end_ms)`` (``await
+    segment.transcript()``: the early transcription, or None); raises ``AudioRefused``.
+    ``commit()``, ``clear()``, ``listen_with(vad)``, ``append_unheard(pcm)``, ``taken()``, ``close()``.
 Turn runner (``turns.py``)
     ``TurnSpec(question=Question(text, audio, transcribe), frames, selection, history, instructions,
-    modalities, voice, model, require_frames, request_id)``; ``run_turn(engine, spec)`` yields ``FramesSelected``
-    (or ``NoUsableFrames``), then the typed engine chunks.
+    modalities, voice, model, require_frames, request_id)``; ``run_turn(engine, spec)`` (its ``run``)
+    yields ``FramesSelected`` (or ``NoUsableFrames``), then the typed engine chunks.
+Speech turn (``utterance.py``)
+    ``SpeechTurn(request, pieces, input_done=, max_ahead_seconds=, on_activity=)``: ``add(pieces)``,
+    ``finish(pieces)``, ``played(seconds)``; its ``run`` sends one engine request per batch of pieces
+    (``request(pieces)`` builds it; the noise generator's ``rng_state`` is carried across), paced to
+    ``max_ahead_seconds`` ahead of playback, and yields their typed chunks, then one ``TurnEnd``.
 Engine chunks (``chunks.py``), parsed from the engine's dicts in one place (``parse_chunk``; the
 stateful ``ChunkParser`` for an answer's timeline)
     ``Transcript(text)`` (the question as heard, before any text), ``TextDelta(delta)``,
@@ -68,9 +90,10 @@ from .chunks import (
 )
 from .frames import BufferedFrame, FrameAdded, FrameBuffer, FrameSelection
 from .history import History
-from .listening import AudioRefused, Listener, ListenEvent, SpeechSegment
-from .session import ActiveTurn, Conversation, ConversationState, Emit
+from .listening import AudioRefused, EarlyTranscription, Listener, ListenEvent, SpeechSegment
+from .session import ActiveTurn, Conversation, ConversationState, Emit, Ended, Turn
 from .turns import FramesSelected, NoUsableFrames, Question, TurnEvent, TurnSpec, now_ms, run_turn
+from .utterance import SpeechTurn
 
 __all__ = [
     "ActiveTurn",
@@ -82,7 +105,9 @@ __all__ = [
     "CodecCodes",
     "Conversation",
     "ConversationState",
+    "EarlyTranscription",
     "Emit",
+    "Ended",
     "EngineChunk",
     "FrameAdded",
     "FrameBuffer",
@@ -96,9 +121,11 @@ __all__ = [
     "SentenceEnd",
     "SentenceStart",
     "SpeechSegment",
+    "SpeechTurn",
     "TextDelta",
     "TextEnd",
     "Transcript",
+    "Turn",
     "TurnEnd",
     "TurnEvent",
     "TurnSpec",

@@ -61,6 +61,12 @@ class AudioBuffer:
         process_budget.release(n)
         return pcm
 
+    def peek(self, start: int, end: int) -> bytes:
+        """The buffered audio between two stream positions, left in the buffer."""
+        lo = max(0, min(len(self._pcm), start - self.start))
+        hi = max(lo, min(len(self._pcm), end - self.start))
+        return bytes(self._pcm[lo:hi])
+
     def keep_last(self, nbytes: int) -> None:
         self.drop_before(self.appended - nbytes)
 

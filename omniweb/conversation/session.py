@@ -1,8 +1,11 @@
 """The conversation session: its state machine, buffers, history and the one turn that may run.
 
-A turn runs as its own task (``start_turn``), so the adapter keeps reading its socket; its events go
-to the adapter's ``emit`` one at a time, in order. ``interrupt`` stops the running turn at once: its
-engine request is aborted, its task cancelled, and it emits nothing more.
+A turn is any engine-driven answer: a ``Turn`` names the runner its events come from (``TurnSpec``:
+one question about the camera, ``run_turn``; ``SpeechTurn``: text spoken as the client writes it).
+It runs as its own task (``start_turn``), so the adapter keeps reading its socket; its events go to
+the adapter's ``emit`` one at a time, in order. ``interrupt`` is the one way to stop it early (a
+cancel, a newer question, barge-in): the engine request is aborted at once, the event being
+emitted (if any) completes, the task is cancelled, and the turn emits nothing more.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from omniweb.engine.client import EngineClient
 from omniweb.errors import ErrorKind
@@ -20,9 +24,9 @@ from omniweb.sessions import spawn
 
 from .audio import AudioBuffer
 from .chunks import TurnEnd
-from .frames import FrameBuffer
+from .frames import BufferedFrame, FrameBuffer
 from .history import History
-from .turns import TurnEvent, TurnSpec, run_turn
+from .turns import TurnEvent
 
 logger = logging.getLogger(__name__)
 
@@ -31,18 +35,35 @@ class ConversationState(enum.Enum):
     AWAITING_CONFIG = "awaiting_config"
     READY = "ready"  # configured; buffering frames and audio
     ANSWERING = "answering"  # a turn streams its answer (frames and audio still buffer)
+    SPEAKING = "speaking"  # a turn answers while its input still arrives (speech: pieces before the flush)
     FINISHING = "finishing"  # the client said it is done: the active turn completes, then the session ends
     CLOSED = "closed"
 
 
-@dataclass(eq=False)
-class ActiveTurn:
-    spec: TurnSpec
-    task: asyncio.Task[None] | None = None
-    interrupted: bool = False  # once set, the turn sends nothing more
+class Turn(Protocol):
+    """What ``start_turn`` runs: the runner of one engine-driven answer."""
 
     @property
-    def request_id(self) -> str:
+    def request_id(self) -> str | None:
+        """The engine request now open (aborted by ``interrupt``); None between requests."""
+
+    @property
+    def frames(self) -> Sequence[BufferedFrame]:
+        """The buffered frames the turn looks at (kept decodable while it runs)."""
+
+    def run(self, engine: EngineClient) -> AsyncIterator[Any]:
+        """The turn's events, in order; closing it early abandons the engine request."""
+
+
+@dataclass(eq=False)
+class ActiveTurn:
+    spec: Turn
+    task: asyncio.Task[None] | None = None
+    interrupted: bool = False  # once set, the turn sends nothing more
+    emitting: bool = False  # an event is being written: an interrupt lets it complete
+
+    @property
+    def request_id(self) -> str | None:
         return self.spec.request_id
 
     @property
@@ -51,6 +72,7 @@ class ActiveTurn:
 
 
 Emit = Callable[[ActiveTurn, TurnEvent], Awaitable[None]]
+Ended = Callable[[ActiveTurn], Awaitable[None]]
 
 
 class Conversation:
@@ -65,19 +87,35 @@ class Conversation:
         self.turn: ActiveTurn | None = None
         self._on_idle = on_idle  # a turn ended (the adapter restarts its idle clock)
 
-    def configure(self, *, frames: FrameBuffer, audio: AudioBuffer, history: History) -> None:
-        """The session is configured: buffers ready, frames decode ahead from now on."""
+    def configure(
+        self, *, frames: FrameBuffer | None = None, audio: AudioBuffer | None = None, history: History | None = None
+    ) -> None:
+        """The session is configured: buffers ready (those the endpoint uses), frames decode ahead from now on."""
         self.frames, self.audio, self.history = frames, audio, history
         self.state = ConversationState.READY
-        frames.start()
+        if frames is not None:
+            frames.start()
 
     @property
     def answering(self) -> bool:
         return self.turn is not None and self.turn.running
 
-    def start_turn(self, spec: TurnSpec, emit: Emit, *, stopped: Callable[[], bool] = lambda: False) -> ActiveTurn:
-        """Run ``spec`` as the session's turn (interrupt the previous one first); ``stopped`` is asked
-        after each event whether the adapter can no longer deliver (its client is gone)."""
+    def start_turn(
+        self,
+        spec: Turn,
+        emit: Emit,
+        *,
+        stopped: Callable[[], bool] = lambda: False,
+        ended: Ended | None = None,
+        input_open: bool = False,
+    ) -> ActiveTurn:
+        """Run ``spec`` as the session's turn (interrupt the previous one first).
+
+        ``stopped`` is asked after each event whether the adapter can no longer deliver (its client
+        is gone, or it ended the turn on the wire itself); ``ended`` is awaited once the turn is over
+        on its own (never after an interrupt: its caller takes over), the session READY again.
+        ``input_open``: the client still writes the turn's input (SPEAKING until ``input_closed``).
+        """
         if self.answering:
             raise RuntimeError("a turn is running: interrupt it first")
         turn = ActiveTurn(spec)
@@ -85,19 +123,18 @@ class Conversation:
         if self.frames is not None:
             self.frames.pin(spec.frames)
         if self.state is ConversationState.READY:
-            self.state = ConversationState.ANSWERING
-        turn.task = spawn(self._run(turn, emit, stopped), "conversation turn")
+            self.state = ConversationState.SPEAKING if input_open else ConversationState.ANSWERING
+        turn.task = spawn(self._run(turn, emit, stopped, ended), "conversation turn")
         return turn
 
-    async def _run(self, turn: ActiveTurn, emit: Emit, stopped: Callable[[], bool]) -> None:
+    def input_closed(self) -> None:
+        """The running turn's input is complete (SPEAKING → ANSWERING)."""
+        if self.state is ConversationState.SPEAKING:
+            self.state = ConversationState.ANSWERING
+
+    async def _run(self, turn: ActiveTurn, emit: Emit, stopped: Callable[[], bool], ended: Ended | None) -> None:
         try:
-            async with contextlib.aclosing(run_turn(self.engine, turn.spec)) as events:
-                async for event in events:
-                    if turn.interrupted:
-                        return
-                    await emit(turn, event)
-                    if stopped():
-                        return
+            await self._deliver(turn, emit, stopped)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -109,19 +146,39 @@ class Conversation:
                 self.turn = None
                 if self.frames is not None:
                     self.frames.unpin()
-                if self.state is ConversationState.ANSWERING:
+                if self.state in (ConversationState.ANSWERING, ConversationState.SPEAKING):
                     self.state = ConversationState.READY
                 if self._on_idle is not None:
                     self._on_idle()
+        if ended is not None and not turn.interrupted:
+            await ended(turn)
+
+    async def _deliver(self, turn: ActiveTurn, emit: Emit, stopped: Callable[[], bool]) -> None:
+        """The runner's events to ``emit`` until it ends, is interrupted or the adapter stops it."""
+        async with contextlib.aclosing(turn.spec.run(self.engine)) as events:
+            async for event in events:
+                if turn.interrupted:
+                    return
+                turn.emitting = True
+                try:
+                    await emit(turn, event)
+                finally:
+                    turn.emitting = False
+                if turn.interrupted or stopped():
+                    return
 
     async def interrupt(self) -> bool:
-        """Stop the running turn at once (False: none was running)."""
+        """Stop the running turn at once (False: none was running). The engine request is aborted
+        first; an event being written completes (so an adapter's own accounting of what it sent
+        stays true), then the task is cancelled and the turn emits nothing more."""
         turn = self.turn
         if turn is None or turn.task is None or turn.task.done():
             return False
         turn.interrupted = True
-        await self.engine.abort(turn.request_id)
-        turn.task.cancel()
+        if (request_id := turn.request_id) is not None:
+            await self.engine.abort(request_id)
+        if not turn.emitting:  # else it returns by itself once that event is written
+            turn.task.cancel()
         await asyncio.gather(turn.task, return_exceptions=True)
         return True
 
@@ -139,7 +196,8 @@ class Conversation:
         turn = self.turn
         if turn is not None and turn.task is not None and turn.task is not current and not turn.task.done():
             turn.interrupted = True
-            await self.engine.abort(turn.request_id)
+            if (request_id := turn.request_id) is not None:
+                await self.engine.abort(request_id)
             turn.task.cancel()
             await asyncio.gather(turn.task, return_exceptions=True)
         if self.frames is not None:

@@ -60,6 +60,10 @@ class TurnSpec:
     require_frames: bool = True  # False: a turn may run with no image at all
     request_id: str = field(default_factory=lambda: f"turn-{uuid.uuid4().hex[:12]}")
 
+    def run(self, engine: EngineClient) -> AsyncIterator[TurnEvent]:
+        """The turn's runner (``Conversation.start_turn`` runs any ``Turn``): ``run_turn``."""
+        return run_turn(engine, self)
+
 
 @dataclass(frozen=True)
 class FramesSelected:

@@ -11,10 +11,12 @@ What the parts are for:
   are this wire format's own; the thinker is given their text as history.
 - Images (``input_image`` parts) enter the core's ``FrameBuffer``: the video endpoint's decoding
   guards, similarity filter and limits; a response looks at the latest of them.
-- Input audio (PCM16 24 kHz) waits in ``_InputAudio``. With ``server_vad`` each append also goes to
-  ``omniweb.vad.VoiceActivity`` (Silero on the engine): ``speech_started`` during a response cancels
-  it (``interrupt_response``); ``speech_stopped`` commits the speech as a user item and, with
-  ``create_response``, starts a response.
+- Input audio (PCM16 24 kHz) goes to the core's ``Listener``: its ``AudioBuffer`` at 24 kHz and, with
+  ``server_vad``, ``omniweb.vad.VoiceActivity`` (Silero on the engine, fed 16 kHz by the core):
+  ``speech_started`` during a response cancels it (``interrupt_response``); ``speech_stopped`` commits
+  the speech as a user item and, with ``create_response``, starts a response. The Listener also
+  transcribes the speech early, at a silence inside it, so the question is usually transcribed by
+  the time the turn is certain; ``input_audio_buffer.commit`` / ``.clear`` are its ``commit`` / ``clear``.
 - A response is one core turn (``omniweb.conversation``): the video thinker → talker → vocoder on the
   engine, whose typed chunks become ``response.*`` events. The question is the last user item: its
   text, or its audio (the engine's Whisper transcribes it first, which is also the item's
@@ -27,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -40,13 +42,17 @@ from omniweb.conversation import (
     ActiveTurn,
     AudioBuffer,
     AudioChunk,
+    AudioRefused,
     BufferedFrame,
     Conversation,
+    EarlyTranscription,
     FrameBuffer,
     FrameSelection,
     History,
+    Listener,
     NoUsableFrames,
     Question,
+    SpeechSegment,
     TextDelta,
     Transcript,
     TurnEnd,
@@ -78,75 +84,11 @@ BYTES_PER_MS = P.SAMPLE_RATE * 2 // 1000
 NUM_FRAMES = 4  # the latest images a response looks at
 MAX_FRAMES = 16  # images kept for the conversation (oldest go first)
 MAX_ITEMS = 200
-# A silence this long inside speech starts transcribing the speech before the turn is certain (the
-# rest of silence_duration_ms, 500 ms by default, is then Whisper's head start); speech resuming
-# abandons it.
-EARLY_TRANSCRIBE_AFTER_MS = 200
-EARLY_TAIL_MS = 100  # silence kept after the speech in what is transcribed early
 # Appended audio goes to the VAD in pieces of at least this much: each piece is one engine request,
 # whose fixed cost dominates (measured: a session appending 20 ms at a time cost the server 7 % of a
 # core for the VAD alone when every whole 32 ms window was its own request). Detection waits at
 # most this long more; the times it reports are the audio's, unchanged.
 VAD_FEED_MS = 96
-
-
-@dataclass(eq=False)
-class _Early:
-    """A transcription started at a silence inside speech, before the turn was certain."""
-
-    silence_ms: float  # where that silence began (stream clock)
-    request_id: str
-    task: asyncio.Task[str | None]
-
-
-class _InputAudio:
-    """The input audio buffer (PCM16 24 kHz) on the stream's clock: ms since the session's first append."""
-
-    def __init__(self, max_ms: int) -> None:
-        self.buffer = AudioBuffer(max_ms * BYTES_PER_MS, P.SAMPLE_RATE)
-        self.start_ms = 0.0  # where the buffer's first byte is on the stream's clock
-
-    @property
-    def end_ms(self) -> float:
-        return self.start_ms + len(self.buffer) / BYTES_PER_MS
-
-    def append(self, pcm: bytes) -> str | None:
-        end = self.end_ms + len(pcm) / BYTES_PER_MS
-        problem = self.buffer.append(pcm)
-        if problem is not None:  # the buffer was emptied
-            self.start_ms = end
-        return problem
-
-    def take(self, start_ms: float | None = None, end_ms: float | None = None) -> bytes:
-        """The audio between two stream times (default: all of it); what follows ``end_ms`` stays."""
-        pcm = self.buffer.take()
-        base = self.start_ms
-        cut_from = 0 if start_ms is None else max(0, round((start_ms - base) * BYTES_PER_MS) // 2 * 2)
-        cut_to = len(pcm) if end_ms is None else min(len(pcm), round((end_ms - base) * BYTES_PER_MS) // 2 * 2)
-        rest = pcm[cut_to:]
-        self.start_ms = base + cut_to / BYTES_PER_MS
-        if rest:
-            self.buffer.append(rest)
-        return pcm[cut_from:cut_to]
-
-    def peek(self, start_ms: float, end_ms: float) -> bytes:
-        """The audio between two stream times, left in the buffer."""
-        pcm = self.buffer.take()
-        self.buffer.append(pcm)
-        base = self.start_ms
-        lo = max(0, round((start_ms - base) * BYTES_PER_MS) // 2 * 2)
-        hi = min(len(pcm), round((end_ms - base) * BYTES_PER_MS) // 2 * 2)
-        return pcm[lo:hi]
-
-    def keep_last(self, ms: float) -> None:
-        """Drop all but the last ``ms`` (silence before any speech is never committed)."""
-        if self.end_ms - self.start_ms > ms:
-            self.take(end_ms=self.end_ms - ms)
-
-    def clear(self) -> None:
-        end = self.end_ms
-        self.buffer.clear()
-        self.start_ms = end
 
 
 @dataclass(eq=False)
@@ -175,12 +117,7 @@ class RealtimeConsumer(SessionConsumer):
         model = (query.get("model") or [P.DEFAULT_MODEL])[0][:128]
         self.config = P.new_session(self.voices, model=model)  # SessionConsumer.config: never None here
         self.items = P.Conversation(MAX_ITEMS)
-        self.input = _InputAudio(P.MAX_INPUT_AUDIO_MS)
-        self.vad: VoiceActivity | None = None
         self.vad_item_id: str | None = None  # the item id announced with speech_started
-        self.speech_start_ms: float | None = None  # where the speech of that item starts (stream clock)
-        self.early: _Early | None = None
-        self.vad_pending = bytearray()  # appended audio not yet given to the VAD
         self.running: _Running | None = None
         self.tasks: list[asyncio.Task[Any]] = []
         self.handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
@@ -207,8 +144,15 @@ class RealtimeConsumer(SessionConsumer):
                 filter_threshold=DEFAULT_FRAME_FILTER_THRESHOLD,
                 on_decode_failed=self._decode_failed,
             ),
-            audio=AudioBuffer(0),
+            audio=AudioBuffer(P.MAX_INPUT_AUDIO_MS * BYTES_PER_MS, P.SAMPLE_RATE),  # the input audio buffer
             history=History(0),  # the items are the history
+        )
+        assert self.core.audio is not None
+        self.listener = Listener(
+            None,  # _configure_vad gives it the session's detector
+            self.core.audio,
+            feed_ms=VAD_FEED_MS,
+            early=EarlyTranscription(lambda pcm: self._transcript_of(pcm, P.new_id("asr"))),
         )
         self._configure_vad()
         self.clock = SessionClock(
@@ -294,13 +238,11 @@ class RealtimeConsumer(SessionConsumer):
     def _configure_vad(self) -> None:
         td = self.config.turn_detection
         if td is None:
-            self.vad = None
+            self.listener.listen_with(None)
             return
         params = VadParams(td.threshold, td.prefix_padding_ms, td.silence_duration_ms)
-        self.vad = VoiceActivity(self.engine, params, sample_rate=P.SAMPLE_RATE)
-        self.vad_pending.clear()
+        self.listener.listen_with(VoiceActivity(self.engine, params, sample_rate=P.SAMPLE_RATE))
         self.vad_item_id = None
-        self._drop_early()
 
     # -- input audio -------------------------------------------------------------------------------
     async def on_audio_append(self, event: P.AudioAppendEvent) -> None:
@@ -309,80 +251,38 @@ class RealtimeConsumer(SessionConsumer):
         except RealtimeError as err:
             err.event_id = event.event_id
             raise
-        if problem := self.input.append(pcm):
-            raise RealtimeError(problem, code="input_audio_buffer_overflow", event_id=event.event_id)
-        vad = self.vad
-        if vad is None:
-            return
-        self.vad_pending += pcm
-        if len(self.vad_pending) < VAD_FEED_MS * BYTES_PER_MS:
-            return
-        pcm = bytes(self.vad_pending)
-        self.vad_pending.clear()
         try:
-            found = await vad.feed(pcm)
+            heard = await self.listener.feed(pcm)
+        except AudioRefused as exc:
+            raise RealtimeError(exc.message, code="input_audio_buffer_overflow", event_id=event.event_id) from None
         except Exception as exc:  # the engine could not run the detector: say so, keep the session
             logger.warning("voice activity detection failed: %s", exc)
             message = getattr(exc, "client_message", None) or "Voice activity detection failed"
             raise RealtimeError(message, code="vad_failed", type="server_error") from None
-        for vad_event in found:
+        for vad_event in heard:
             if isinstance(vad_event, SpeechStarted):
                 await self._speech_started(vad_event)
             elif isinstance(vad_event, SpeechStopped):
                 await self._speech_stopped(vad_event)
-        if vad is not self.vad:
-            return
-        if not vad.speaking and self.vad_item_id is None:
-            self.input.keep_last(vad.params.prefix_padding_ms + 100)
-        self._maybe_transcribe_early(vad)
-
-    def _maybe_transcribe_early(self, vad: VoiceActivity) -> None:
-        """Start Whisper on the speech so far once a silence inside it has lasted a moment; drop a
-        transcription whose silence ended (the speaker went on)."""
-        detector = vad.detector
-        silence = detector.silence_since_ms
-        early = self.early
-        if early is not None and early.silence_ms != silence:
-            self._drop_early()
-        if (
-            silence is None
-            or self.early is not None
-            or self.speech_start_ms is None
-            or detector.clock_ms - silence < EARLY_TRANSCRIBE_AFTER_MS
-        ):
-            return
-        pcm = self.input.peek(self.speech_start_ms, silence + EARLY_TAIL_MS)
-        request_id = P.new_id("asr")
-        self.early = _Early(silence, request_id, spawn(self._transcript_of(pcm, request_id), "early transcription"))
-
-    def _drop_early(self) -> None:
-        early, self.early = getattr(self, "early", None), None
-        if early is not None and not early.task.done():
-            early.task.cancel()  # closing the stream aborts the engine request
+            else:
+                await self._spoken(vad_event)
 
     async def _speech_started(self, event: SpeechStarted) -> None:
         td = self.config.turn_detection
         self.vad_item_id = P.new_id("item")
         await self.send_event(P.speech_started(event.audio_start_ms, self.vad_item_id))
-        self.speech_start_ms = float(event.audio_start_ms)
         if td is not None and td.interrupt_response and self.running is not None:
             await self._cancel(P.cancelled("turn_detected"))
 
     async def _speech_stopped(self, event: SpeechStopped) -> None:
+        self.vad_item_id = self.vad_item_id or P.new_id("item")
+        await self.send_event(P.speech_stopped(event.audio_end_ms, self.vad_item_id))
+
+    async def _spoken(self, segment: SpeechSegment) -> None:
+        """The speech that just stopped becomes a user item and, with ``create_response``, is answered."""
         item_id = self.vad_item_id or P.new_id("item")
         self.vad_item_id = None
-        await self.send_event(P.speech_stopped(event.audio_end_ms, item_id))
-        pcm = self.input.take(self.speech_start_ms, float(event.audio_end_ms))
-        self.speech_start_ms = None
-        early, self.early = self.early, None
-        if self.vad is not None:
-            self.vad.reset()
-        self.vad_pending.clear()
-        transcript = None
-        if early is not None:  # the silence it started at is the one that ended the turn
-            (result,) = await asyncio.gather(early.task, return_exceptions=True)
-            transcript = result if isinstance(result, str) else None  # else the turn's own Whisper pass
-        item = await self._commit(pcm, item_id, event_id=None, transcript=transcript)
+        item = await self._commit(segment.audio, item_id, event_id=None, transcript=await segment.transcript())
         td = self.config.turn_detection
         if item is not None and td is not None and td.create_response:
             if self.running is not None:  # interrupt_response was off: the new turn waits for no one
@@ -390,7 +290,9 @@ class RealtimeConsumer(SessionConsumer):
             await self._respond(P.ResponseParams(), event_id=None)
 
     async def on_audio_commit(self, event: P.AudioCommitEvent) -> None:
-        ms = self.input.end_ms - self.input.start_ms
+        audio = self.core.audio
+        assert audio is not None
+        ms = audio.duration_ms
         if ms < P.MIN_COMMIT_MS:
             raise RealtimeError(
                 f"Error committing input audio buffer: buffer too small. Expected at least "
@@ -400,16 +302,10 @@ class RealtimeConsumer(SessionConsumer):
             )
         item_id = self.vad_item_id or P.new_id("item")
         self.vad_item_id = None
-        pcm = self.input.take()
-        self.speech_start_ms = None
-        self._drop_early()
-        if self.vad is not None:
-            self.vad.reset()
-        self.vad_pending.clear()
-        await self._commit(pcm, item_id, event_id=event.event_id)
+        await self._commit(self.listener.commit(), item_id, event_id=event.event_id)
 
     async def _commit(
-        self, pcm: bytes, item_id: str, event_id: str | None, transcript: str | None = None
+        self, pcm: bytes, item_id: str, event_id: str | None, transcript: Sequence[str] | None = None
     ) -> P.Item | None:
         """The committed audio becomes a user item (committed, added, done); its transcript follows,
         unless it was made early (``transcript``)."""
@@ -430,26 +326,21 @@ class RealtimeConsumer(SessionConsumer):
         return item
 
     async def on_audio_clear(self, event: P.AudioClearEvent) -> None:
-        self.input.clear()
+        self.listener.clear()
         self.vad_item_id = None
-        self.speech_start_ms = None
-        self._drop_early()
-        if self.vad is not None:
-            self.vad.reset()
-        self.vad_pending.clear()
         await self.send_event(P.audio_cleared())
 
     async def _transcribe(self, item: P.Item) -> None:
         """The item's transcript when no response transcribes it."""
-        transcript = await self._transcript_of(item.audio, P.new_id("asr"))
-        if transcript is None:
+        segments = await self._transcript_of(item.audio, P.new_id("asr"))
+        if segments is None:
             await self.send_event(P.transcription_failed(item.id, "Transcription failed"))
         else:
-            await self._transcribed(item, transcript)
+            await self._transcribed(item, segments)
 
-    async def _transcript_of(self, pcm24: bytes, request_id: str) -> str | None:
-        """Whisper on the engine (``audio.transcribe``, the model /v1/audio/transcriptions uses);
-        None when the engine refused or failed."""
+    async def _transcript_of(self, pcm24: bytes, request_id: str) -> list[str] | None:
+        """Whisper's segment texts, on the engine (``audio.transcribe``, the model
+        /v1/audio/transcriptions uses); None when the engine refused or failed."""
         transcription = self.config.audio.input.transcription
         request = {
             "pipeline": TRANSCRIBE_PIPELINE,
@@ -468,12 +359,17 @@ class RealtimeConsumer(SessionConsumer):
                         "realtime transcription ended with %s: %s", chunk.get("status"), chunk.get("message")
                     )
                     return None
-        return "".join(texts).strip()
+        return texts
 
-    async def _transcribed(self, item: P.Item, transcript: str) -> None:
+    async def _transcribed(self, item: P.Item, segments: Sequence[str]) -> None:
+        """The item's transcript; with transcription on, its deltas (one per Whisper segment), then
+        ``.completed``."""
+        transcript, deltas = P.transcript_deltas(segments)
         if item.content and item.content[0].get("type") == "input_audio":
             item.content[0]["transcript"] = transcript
         if self.config.audio.input.transcription is not None:
+            for delta in deltas:
+                await self.send_event(P.transcription_delta(item.id, delta))
             await self.send_event(P.transcription_completed(item.id, transcript, P.pcm_ms(item.audio)))
 
     # -- items -------------------------------------------------------------------------------------
@@ -661,7 +557,7 @@ class RealtimeConsumer(SessionConsumer):
         response, item = running.response, running.item
         if isinstance(event, Transcript):
             if running.question is not None:
-                await self._transcribed(running.question, event.text)
+                await self._transcribed(running.question, [event.text])
         elif isinstance(event, TextDelta) and event.delta:
             running.text.append(event.delta)
             if response.audio:
@@ -746,7 +642,7 @@ class RealtimeConsumer(SessionConsumer):
             return
         self.closed = True
         self.running = None
-        self._drop_early()
+        self.listener.close()
         await self.core.close()
         current = asyncio.current_task()
         for task in self.tasks:
@@ -754,7 +650,6 @@ class RealtimeConsumer(SessionConsumer):
                 task.cancel()
         await asyncio.gather(*(t for t in self.tasks if t is not current), return_exceptions=True)
         self.tasks.clear()
-        self.input.clear()
         for item in self.items.items:
             process_budget.release(len(item.audio))
         self.items.items.clear()

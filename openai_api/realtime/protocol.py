@@ -810,6 +810,28 @@ def transcription_completed(item_id: str, transcript: str, audio_ms: int, conten
     )
 
 
+def transcription_delta(item_id: str, delta: str, content_index: int = 0) -> dict[str, Any]:
+    return event(
+        "conversation.item.input_audio_transcription.delta", item_id=item_id, content_index=content_index, delta=delta
+    )
+
+
+def transcript_deltas(segments: Sequence[str]) -> tuple[str, list[str]]:
+    """Whisper's segment texts → the transcript (trimmed) and its deltas, one per segment, which
+    join to exactly that transcript."""
+    joined = "".join(segments)
+    transcript = joined.strip()
+    lo = len(joined) - len(joined.lstrip())
+    hi = lo + len(transcript)
+    deltas, at = [], 0
+    for segment in segments:
+        piece = joined[max(at, lo) : min(at + len(segment), hi)]
+        at += len(segment)
+        if piece:
+            deltas.append(piece)
+    return transcript, deltas
+
+
 def transcription_failed(item_id: str, message: str, content_index: int = 0) -> dict[str, Any]:
     return event(
         "conversation.item.input_audio_transcription.failed",
