@@ -63,6 +63,7 @@ from omniweb.conversation import (
     TurnSpec,
     now_ms,  # the server clock of every *_ts_ms field: monotonic milliseconds, as in the seed
 )
+from omniweb.conversation.listening import FEED_MS
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
 from omniweb.errors import EngineError, ErrorKind
@@ -252,6 +253,7 @@ class VideoStreamConsumer(SessionConsumer):
                 VoiceActivity(self.engine, params, protocol.INPUT_SAMPLE_RATE),
                 self.audio,
                 take_segments=vad.create_response,
+                feed_ms=FEED_MS,  # the page sends 40 ms chunks: one VAD request per ~100 ms, not per chunk
             )
         self.tasks.append(spawn(self._process(), "video session processor"))
 

@@ -113,9 +113,14 @@ class EngineWorkerConsumer(AsyncConsumer):
             logger.exception("request %s: cannot read its data from Redis", rid)
             request = None
         try:
-            if request is None:
-                raise ValueError("request data could not be read (expired or Redis unavailable); retry")
-            scheduler.submit(rid, request, sink)
+            if request is None:  # not the client's fault: the layer between us lost or refused it
+                queue.put_nowait(
+                    engine_end(
+                        ErrorKind.UNREACHABLE, "request data could not be read (expired or Redis unavailable); retry"
+                    )
+                )
+            else:
+                scheduler.submit(rid, request, sink)
         except AdmissionError as exc:
             queue.put_nowait(admission_end(exc))
         except ValueError as exc:

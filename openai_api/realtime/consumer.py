@@ -60,6 +60,7 @@ from omniweb.conversation import (
     TurnSpec,
     now_ms,
 )
+from omniweb.conversation.listening import FEED_MS
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
 from omniweb.errors import ErrorKind
@@ -84,11 +85,6 @@ BYTES_PER_MS = P.SAMPLE_RATE * 2 // 1000
 NUM_FRAMES = 4  # the latest images a response looks at
 MAX_FRAMES = 16  # images kept for the conversation (oldest go first)
 MAX_ITEMS = 200
-# Appended audio goes to the VAD in pieces of at least this much: each piece is one engine request,
-# whose fixed cost dominates (measured: a session appending 20 ms at a time cost the server 7 % of a
-# core for the VAD alone when every whole 32 ms window was its own request). Detection waits at
-# most this long more; the times it reports are the audio's, unchanged.
-VAD_FEED_MS = 96
 
 
 @dataclass(eq=False)
@@ -151,7 +147,7 @@ class RealtimeConsumer(SessionConsumer):
         self.listener = Listener(
             None,  # _configure_vad gives it the session's detector
             self.core.audio,
-            feed_ms=VAD_FEED_MS,
+            feed_ms=FEED_MS,
             early=EarlyTranscription(lambda pcm: self._transcript_of(pcm, P.new_id("asr"))),
         )
         self._configure_vad()
