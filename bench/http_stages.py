@@ -54,7 +54,7 @@ def serve(stamp_path: str, argv: list[str]) -> None:
     from django.core.management import execute_from_command_line
     from twisted.internet import tcp
 
-    import openai_api.views as views
+    import omniweb.openai_api.views as views
     import speech.consumers as consumers
     from omniweb.engine.scheduler import Scheduler
     from speech.containers import StreamEncoder
@@ -90,7 +90,7 @@ def serve(stamp_path: str, argv: list[str]) -> None:
         lambda self, payload, binary: b"input.done" in payload and stamp("recv"),
     )
     wrap_async(views, "speech", "handler")
-    from openai_api import urls  # the URL patterns hold the view function itself: re-point them
+    from omniweb.openai_api import urls  # the URL patterns hold the view function itself: re-point them
 
     for pattern in urls.urlpatterns:
         if getattr(pattern.callback, "__name__", "") == "speech":

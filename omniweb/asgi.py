@@ -17,14 +17,14 @@ from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  #
 from omniweb.auth import websocket_access  # noqa: E402
 from omniweb.engine.runtime import get_engine_client  # noqa: E402
 from omniweb.engine.worker import EngineWorkerConsumer  # noqa: E402
+from omniweb.openai_api.asgi import http_abort  # noqa: E402
 from omniweb.routing import websocket_urlpatterns  # noqa: E402
 from omniweb.security import browser_origin_validator, known_paths_only  # noqa: E402
 from omniweb.transport import send_buffer_probe  # noqa: E402
-from openai_api.asgi import http_abort  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        # HTTP through Django; a streamed body that cannot be completed is broken off (openai_api.asgi).
+        # HTTP through Django; a streamed body that cannot be completed is broken off (omniweb.openai_api.asgi).
         "http": http_abort(django_asgi_app),
         # Unknown paths refused first; the Origin check, then API tokens and the per-client session
         # limit (omniweb.auth), then routes.

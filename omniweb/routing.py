@@ -1,6 +1,6 @@
 """Every WebSocket route of the site; each app contributes its own list."""
 
-from openai_api.realtime.routing import websocket_urlpatterns as realtime_routes
+from omniweb.openai_api.realtime.routing import websocket_urlpatterns as realtime_routes
 from speech.routing import websocket_urlpatterns as speech_routes
 from video.routing import websocket_urlpatterns as video_routes
 

@@ -49,7 +49,7 @@ INSTALLED_APPS = [
     "channels",
     "speech",
     "video",
-    "openai_api",  # OpenAI-compatible HTTP audio APIs (/v1/audio/speech, /v1/audio/transcriptions, /v1/models)
+    "omniweb.openai_api",  # OpenAI-compatible HTTP audio APIs (/v1/audio/speech, /v1/audio/transcriptions, /v1/models)
 ]
 
 # Django's own middlewares, with their hooks run on the event loop (omniweb/middleware.py says why).
@@ -264,7 +264,7 @@ if not DEBUG and (SECRET_KEY in EXAMPLE_SECRET_KEYS or SECRET_KEY.startswith("dj
         "OMNIWEB_SECRET_KEY is the example value: set a secret of your own "
         "(python3 -c 'import secrets; print(secrets.token_urlsafe(50))'), or unset it for a random per-process key"
     )
-# OpenAI-compatible HTTP audio APIs (issue 13; openai_api/). OpenAI's voice names → a local voice,
+# OpenAI-compatible HTTP audio APIs (issue 13; omniweb/openai_api/). OpenAI's voice names → a local voice,
 # as "alloy=heart,echo=heart": every name not listed here (and not a local voice) is refused.
 # Default: each OpenAI voice speaks with the default voice (OMNIWEB_TTS_VOICE).
 OPENAI_VOICE_MAP = env_str("OPENAI_VOICE_MAP", "")

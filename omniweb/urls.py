@@ -12,6 +12,6 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("metrics", views.metrics_view, name="metrics"),
     path("v1/ws-token", views.ws_token, name="ws-token"),
-    # OpenAI-compatible HTTP audio APIs (openai_api/).
-    path("", include("openai_api.urls")),
+    # OpenAI-compatible HTTP audio APIs (omniweb/openai_api/).
+    path("", include("omniweb.openai_api.urls")),
 ]

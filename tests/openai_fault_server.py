@@ -19,7 +19,7 @@ import django
 
 django.setup()
 
-from openai_api import views  # noqa: E402
+from omniweb.openai_api import views  # noqa: E402
 
 real_client = views.get_engine_client
 

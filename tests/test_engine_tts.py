@@ -187,7 +187,7 @@ def test_no_talker_step_grows_with_an_unpunctuated_sentence(pipeline, monkeypatc
 
 @pytest.mark.parametrize("fmt", ["mp3", "aac", "flac", "opus"])
 def test_an_openai_streams_first_vocoder_step_gives_its_encoder_its_first_bytes(pipeline, fmt):
-    from openai_api.views import first_chunk_frames
+    from omniweb.openai_api.views import first_chunk_frames
     from speech.containers import StreamEncoder
 
     chunks = synthesize(

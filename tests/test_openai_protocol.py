@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from openai_api import protocol
-from openai_api.protocol import APIError
-from openai_api.uploads import decode_upload
+from omniweb.openai_api import protocol
+from omniweb.openai_api.protocol import APIError
+from omniweb.openai_api.uploads import decode_upload
 from speech.containers import STREAM_FORMATS, StreamEncoder, first_bytes_samples
 from speech.protocol import Capabilities
 
@@ -240,7 +240,7 @@ def test_each_encoder_knows_exactly_how_much_audio_its_first_bytes_need(fmt):
 def test_the_speech_views_first_vocoder_step_covers_the_encoders_need(fmt, settings):
     from hibari import dsp
 
-    from openai_api.views import first_chunk_frames
+    from omniweb.openai_api.views import first_chunk_frames
 
     frames = first_chunk_frames(fmt) or settings.VOCODER_FIRST_CHUNK_FRAMES
     # a sentence's first step of F frames releases F - 2 blocks of 300 samples (the OLA holds 2 back)

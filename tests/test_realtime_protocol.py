@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
-from openai_api.protocol import OPENAI_VOICES
-from openai_api.realtime import protocol as P
-from openai_api.realtime.protocol import RealtimeError
+from omniweb.openai_api.protocol import OPENAI_VOICES
+from omniweb.openai_api.realtime import protocol as P
+from omniweb.openai_api.realtime.protocol import RealtimeError
 
 VOICES = {**dict.fromkeys(OPENAI_VOICES, "heart"), "heart": "heart"}
 SERVER_EVENT = TypeAdapter(RealtimeServerEvent)

@@ -7,7 +7,7 @@ here imports Channels or knows a wire format. What each adapter uses:
 - ``/v1/video/chat/stream`` (video/consumers.py): ``Conversation`` with ``FrameBuffer``,
   ``AudioBuffer`` (16 kHz) and ``History``; a ``video.query`` is a ``TurnSpec`` turn; with
   ``turn_detection``, ``Listener`` over its ``audio.chunk``s.
-- ``/v1/realtime`` (openai_api/realtime/consumer.py): ``Conversation`` with ``FrameBuffer`` (the
+- ``/v1/realtime`` (omniweb/openai_api/realtime/consumer.py): ``Conversation`` with ``FrameBuffer`` (the
   images) and ``AudioBuffer`` (24 kHz, the input audio buffer); ``Listener`` for every append
   (server VAD batched by ``feed_ms``, early transcription, ``commit`` / ``clear``, ``listen_with`` on
   ``session.update``); a response is a ``TurnSpec`` turn.

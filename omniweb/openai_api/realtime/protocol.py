@@ -29,8 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from omniweb.conversation.audio import resample_pcm16
 from omniweb.conversation.chunks import WordTiming
+from omniweb.openai_api.protocol import FRAME_SECONDS, TRANSCRIBE_LANGUAGES, TRANSCRIBE_MODEL, TRANSCRIBE_MODEL_ALIASES
 from omniweb.protocol import ProtocolError, excerpt, loads
-from openai_api.protocol import FRAME_SECONDS, TRANSCRIBE_LANGUAGES, TRANSCRIBE_MODEL, TRANSCRIBE_MODEL_ALIASES
 
 SAMPLE_RATE = 24000  # audio/pcm, both ways: PCM16 LE mono
 ENGINE_RATE = 16000  # what the thinker's Whisper and the VAD read

@@ -2,7 +2,7 @@
 
 One session per WebSocket. ``receive`` is the socket's single reader (Channels dispatches one
 message at a time), so events are handled in arrival order: each is parsed by
-``openai_api.realtime.protocol`` into a typed event and goes to its one handler. A refused event is
+``omniweb.openai_api.realtime.protocol`` into a typed event and goes to its one handler. A refused event is
 answered with an ``error`` event (its ``event_id`` echoed) and the session goes on.
 
 What the parts are for:
@@ -64,11 +64,11 @@ from omniweb.conversation.listening import FEED_MS
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
 from omniweb.errors import ErrorKind
+from omniweb.openai_api.protocol import voice_table
+from omniweb.openai_api.transcribe import PIPELINE as TRANSCRIBE_PIPELINE
 from omniweb.protocol import dumps
 from omniweb.sessions import SessionClock, SessionConsumer, spawn
 from omniweb.vad import SpeechStarted, SpeechStopped, VadParams, VoiceActivity
-from openai_api.protocol import voice_table
-from openai_api.transcribe import PIPELINE as TRANSCRIBE_PIPELINE
 from speech.tts.model import capabilities
 from video.frames import FrameError
 from video.protocol import DEFAULT_FRAME_FILTER_THRESHOLD

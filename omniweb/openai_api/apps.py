@@ -2,7 +2,8 @@ from django.apps import AppConfig
 
 
 class OpenAIApiConfig(AppConfig):
-    name = "openai_api"
+    name = "omniweb.openai_api"
+    label = "openai_api"
     verbose_name = "OpenAI-compatible audio APIs"
 
     def ready(self) -> None:
