@@ -387,3 +387,21 @@ async def test_a_request_the_worker_refuses_comes_back_with_its_kind(stack):
     assert [c["type"] for _, c in log] == ["end"]
     assert ended(log)["status"] == "invalid" and ended(log)["kind"] == "client_error"
     assert "Unknown voice" in ended(log)["message"]
+
+
+async def test_a_stream_left_before_its_worker_accepted_is_still_aborted():
+    """The client walks away between submit and accept: the worker that accepts later is told to stop."""
+    from channels.layers import InMemoryChannelLayer
+
+    layer = InMemoryChannelLayer()
+    client = ChannelEngineClient(layer, "omniweb-engine", lease=3.0, accept_timeout=5.0)
+    stream = client.stream({"pipeline": "speech.tts", "text": "Hello."}, "r-early")
+    pending = asyncio.ensure_future(stream.__anext__())  # submits, then waits for the accept
+    submit = await layer.receive("omniweb-engine")
+    pending.cancel()  # the session closes before any worker answered
+    await asyncio.gather(pending, return_exceptions=True)
+    await stream.aclose()
+    owner = await layer.new_channel()
+    await layer.send(submit["reply_to"], {"type": "engine.accepted", "request_id": "r-early", "owner": owner})
+    abort = await asyncio.wait_for(layer.receive(owner), 2)
+    assert abort == {"type": "engine.abort", "request_id": "r-early"}

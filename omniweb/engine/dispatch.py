@@ -27,6 +27,9 @@ from channels.exceptions import ChannelFull
 from omniweb.errors import CAPACITY_MESSAGE, ErrorKind, engine_end
 
 logger = logging.getLogger(__name__)
+CLAIM_KEY_PREFIX = "omniweb:claim:"  # a worker sets it (NX) before running a request: exactly one runs it
+CLAIM_SECONDS = 600  # longer than any request waits in the channel (its expiry)
+_late_aborts: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
 
 MAX_MESSAGE_BYTES = 1_000_000  # channels_redis' documented limit per message
 AUDIO_SPLIT_BYTES = 256 * 1024
@@ -195,9 +198,47 @@ class ChannelEngineClient:
                         return
         finally:
             if not ended:  # the consumer walked away: free the worker now
-                await self.abort(rid)
+                if rid in self._owners and self._owners[rid] is None:
+                    # No worker has accepted it yet, and the accept would come to a channel nobody
+                    # reads any more: listen for it a little longer, then abort.
+                    task = asyncio.create_task(self._abort_when_accepted(rid, reply))
+                    _late_aborts.add(task)
+                    task.add_done_callback(_late_aborts.discard)
+                else:
+                    await self.abort(rid)
             self._owners.pop(rid, None)
             self._abort_requested.discard(rid)
+
+    async def _abort_when_accepted(self, rid: str, reply: str) -> None:
+        """Abort a request abandoned before any worker accepted it. Claimed here first, no worker
+        runs it; else the worker that claimed it accepts within moments and is told to stop. Past
+        the accept timeout no worker starts it (a worker drops a request its client stopped waiting for)."""
+        if self._redis_url:
+            import redis.asyncio as redis
+
+            client = redis.from_url(self._redis_url)
+            try:
+                if await client.set(CLAIM_KEY_PREFIX + rid, "abandoned", nx=True, ex=CLAIM_SECONDS):
+                    return
+            except Exception:
+                logger.warning("could not claim abandoned request %s", rid, exc_info=True)
+            finally:
+                await client.aclose()
+        try:
+            async with asyncio.timeout(self._accept_timeout):
+                while True:
+                    msg = await self._layer.receive(reply)
+                    if msg.get("request_id") != rid:
+                        continue
+                    if msg["type"] == "engine.accepted":
+                        await self._layer.send(msg["owner"], {"type": "engine.abort", "request_id": rid})
+                        return
+                    if msg["type"] == "engine.chunk" and msg["chunk"]["type"] == "end":
+                        return
+        except TimeoutError:
+            return
+        except Exception:  # the layer failed: the worker's lease ends the request
+            logger.warning("could not abort %s after its accept", rid, exc_info=True)
 
     async def _store(self, blobs: dict[str, bytes]) -> None:
         """Write the request's large byte strings; they expire unless a worker takes them first."""

@@ -31,6 +31,8 @@ from omniweb.sessions import spawn
 
 from .client import admission_end
 from .dispatch import (
+    CLAIM_KEY_PREFIX,
+    CLAIM_SECONDS,
     HEARTBEAT_SECONDS,
     WORKER_BEAT_SECONDS,
     blob_keys,
@@ -43,8 +45,6 @@ from .scheduler import AdmissionError
 
 logger = logging.getLogger(__name__)
 
-CLAIM_KEY_PREFIX = "omniweb:claim:"
-CLAIM_SECONDS = 600  # longer than any request waits in the channel (its expiry)
 FLUSH_SECONDS = 2.0  # after the drain, how long the last end chunks may take to reach Redis
 
 # Every request's relay task in this process, so a draining worker can wait for the last chunks.
