@@ -15,6 +15,7 @@ never dropped silently.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -25,6 +26,7 @@ import msgpack
 from channels.exceptions import ChannelFull
 
 from omniweb.errors import CAPACITY_MESSAGE, ErrorKind, engine_end
+from omniweb.sessions import spawn
 
 logger = logging.getLogger(__name__)
 CLAIM_KEY_PREFIX = "omniweb:claim:"  # a worker sets it (NX) before running a request: exactly one runs it
@@ -188,7 +190,7 @@ class ChannelEngineClient:
                     self._owners[rid] = msg["owner"]
                     timeout = self._lease
                     if rid in self._abort_requested:
-                        await self._send_abort(rid)
+                        await self._send_abort(rid, msg["owner"])
                 elif kind == "engine.chunk":
                     chunk = msg["chunk"]
                     if chunk["type"] == "end":
@@ -201,7 +203,7 @@ class ChannelEngineClient:
                 if rid in self._owners and self._owners[rid] is None:
                     # No worker has accepted it yet, and the accept would come to a channel nobody
                     # reads any more: listen for it a little longer, then abort.
-                    task = asyncio.create_task(self._abort_when_accepted(rid, reply))
+                    task = spawn(self._abort_when_accepted(rid, reply), f"late abort of {rid}")
                     _late_aborts.add(task)
                     task.add_done_callback(_late_aborts.discard)
                 else:
@@ -214,16 +216,12 @@ class ChannelEngineClient:
         runs it; else the worker that claimed it accepts within moments and is told to stop. Past
         the accept timeout no worker starts it (a worker drops a request its client stopped waiting for)."""
         if self._redis_url:
-            import redis.asyncio as redis
-
-            client = redis.from_url(self._redis_url)
             try:
-                if await client.set(CLAIM_KEY_PREFIX + rid, "abandoned", nx=True, ex=CLAIM_SECONDS):
-                    return
+                async with self._redis() as client:
+                    if await client.set(CLAIM_KEY_PREFIX + rid, "abandoned", nx=True, ex=CLAIM_SECONDS):
+                        return
             except Exception:
                 logger.warning("could not claim abandoned request %s", rid, exc_info=True)
-            finally:
-                await client.aclose()
         try:
             async with asyncio.timeout(self._accept_timeout):
                 while True:
@@ -231,7 +229,7 @@ class ChannelEngineClient:
                     if msg.get("request_id") != rid:
                         continue
                     if msg["type"] == "engine.accepted":
-                        await self._layer.send(msg["owner"], {"type": "engine.abort", "request_id": rid})
+                        await self._send_abort(rid, msg["owner"])
                         return
                     if msg["type"] == "engine.chunk" and msg["chunk"]["type"] == "end":
                         return
@@ -242,14 +240,19 @@ class ChannelEngineClient:
 
     async def _store(self, blobs: dict[str, bytes]) -> None:
         """Write the request's large byte strings; they expire unless a worker takes them first."""
+        async with self._redis() as client, client.pipeline(transaction=False) as pipe:
+            for key, data in blobs.items():
+                pipe.set(key, data, px=int((self._accept_timeout + BLOB_GRACE_SECONDS) * 1000))
+            await pipe.execute()
+
+    @contextlib.asynccontextmanager
+    async def _redis(self) -> AsyncIterator[Any]:
+        """A Redis client for one call: a connection pool is bound to one event loop."""
         import redis.asyncio as redis
 
-        client = redis.from_url(self._redis_url)  # per call: a pool is bound to one event loop
+        client = redis.from_url(self._redis_url)
         try:
-            async with client.pipeline(transaction=False) as pipe:
-                for key, data in blobs.items():
-                    pipe.set(key, data, px=int((self._accept_timeout + BLOB_GRACE_SECONDS) * 1000))
-                await pipe.execute()
+            yield client
         finally:
             await client.aclose()
 
@@ -257,14 +260,11 @@ class ChannelEngineClient:
         if request_id not in self._owners:
             return
         self._abort_requested.add(request_id)
-        if self._owners[request_id] is not None:
-            await self._send_abort(request_id)
+        if (owner := self._owners[request_id]) is not None:
+            await self._send_abort(request_id, owner)
         # else: sent as soon as the owner is known (engine.accepted)
 
-    async def _send_abort(self, request_id: str) -> None:
-        owner = self._owners.get(request_id)
-        if owner is None:
-            return
+    async def _send_abort(self, request_id: str, owner: str) -> None:
         try:
             async with asyncio.timeout(2):
                 await self._layer.send(owner, {"type": "engine.abort", "request_id": request_id})
