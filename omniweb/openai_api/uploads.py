@@ -8,6 +8,7 @@ longer than the duration limit, so a long (or lying) file costs at most that muc
 from __future__ import annotations
 
 import io
+import itertools
 
 import av
 import numpy as np
@@ -30,19 +31,14 @@ def decode_upload(data: bytes, max_seconds: float) -> bytes:
                 raise invalid("The uploaded file has no audio stream", "file", "invalid_file_format")
             stream = container.streams.audio[0]
             resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
-            for frame in container.decode(stream):
+            # Decoded frames, then what the resampler still holds (None flushes it).
+            for frame in itertools.chain(container.decode(stream), [None]):
                 for out in resampler.resample(frame):
                     samples = out.to_ndarray().reshape(-1)
                     total += samples.size
                     if total > max_samples:
                         raise _too_long(max_seconds)
                     parts.append(samples)
-            for out in resampler.resample(None):
-                samples = out.to_ndarray().reshape(-1)
-                total += samples.size
-                if total > max_samples:
-                    raise _too_long(max_seconds)
-                parts.append(samples)
     except APIError:
         raise
     except (av.FFmpegError, ValueError, IndexError) as exc:
