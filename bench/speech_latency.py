@@ -417,6 +417,14 @@ def log_findings(path: Path, limit: int = 12) -> tuple[int, list[str]]:
     return len(flagged), unique[:limit]
 
 
+def print_log_findings(path: Path) -> None:
+    """The server log's ``log_findings``, as the video benches end their reports."""
+    count, lines = log_findings(path)
+    print(f"\nserver log: {count} warning/error lines ({path})")
+    for line in lines:
+        print(f"    {line}")
+
+
 def process_cpu_seconds(pid: int | None) -> float:
     """user + system CPU of a process (all its threads), from /proc; NaN when unknown."""
     if pid is None:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from speech_latency import Server, free_port, log_findings, ms, pct, stats_cells, verdict
+from speech_latency import Server, free_port, ms, pct, print_log_findings, stats_cells, verdict
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidMessage
 
@@ -417,10 +417,7 @@ async def run(args: argparse.Namespace) -> int:
     if q.errors:
         print(f"\nerrors during queries: {sorted(set(q.errors))}")
     if server is not None:
-        count, lines = log_findings(server.log_path)
-        print(f"\nserver log: {count} warning/error lines ({server.log_path})")
-        for line in lines:
-            print(f"    {line}")
+        print_log_findings(server.log_path)
     return 0 if all(ok for _, ok in verdicts) else 1
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 from scipy.signal import resample_poly
-from speech_latency import Server, free_port, load_average, log_findings, ms, pct, verdict
+from speech_latency import Server, free_port, load_average, ms, pct, print_log_findings, verdict
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidMessage
 
@@ -259,10 +259,7 @@ async def run(args: argparse.Namespace) -> int:
     for text, ok in verdicts:
         print(f"- {verdict(ok)}: {text}")
     if server is not None:
-        count, lines = log_findings(server.log_path)
-        print(f"\nserver log: {count} warning/error lines ({server.log_path})")
-        for line in lines:
-            print(f"    {line}")
+        print_log_findings(server.log_path)
     return 0 if all(ok for _, ok in verdicts) else 1
 
 
