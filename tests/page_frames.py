@@ -1,10 +1,32 @@
-"""What a page's WebSockets carried, read in the browser tests (tests/test_browser_pages.py,
-tests/test_video_handsfree.py)."""
+"""The browser tests' shared pieces (tests/test_browser_pages.py, tests/test_video_handsfree.py):
+Debian's Chromium with fake camera and microphone, screenshots, and what a page's WebSockets carried."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
+
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--use-fake-device-for-media-stream",
+    "--use-fake-ui-for-media-stream",
+    "--autoplay-policy=no-user-gesture-required",
+    "--disable-background-networking",
+    "--disable-component-update",
+]
+
+
+def launch(playwright: Any, *extra: str) -> Any:
+    """Headless Chromium with fake media devices (``extra``: e.g. the files they play)."""
+    return playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=[*CHROMIUM_ARGS, *extra])
+
+
+def shot(pg: Any, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
 
 
 class Frames:

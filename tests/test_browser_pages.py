@@ -20,19 +20,9 @@ from typing import Any
 
 import pytest
 from conftest import free_port, live_server
-from page_frames import Frames
+from page_frames import CHROMIUM, SCREENSHOTS, Frames, launch, shot
 
 ROOT = Path(__file__).resolve().parent.parent
-SCREENSHOTS = ROOT / "artifacts" / "screenshots"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--use-fake-device-for-media-stream",
-    "--use-fake-ui-for-media-stream",
-    "--autoplay-policy=no-user-gesture-required",
-    "--disable-background-networking",
-    "--disable-component-update",
-]
 RATE = 24000
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (/usr/bin/chromium)")
@@ -55,7 +45,7 @@ def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        b = launch(p)
         yield b
         b.close()
 
@@ -72,11 +62,6 @@ def page(browser: Any) -> Iterator[Any]:
     yield pg
     context.close()
     assert not errors, f"uncaught errors in the page: {errors}"
-
-
-def shot(pg: Any, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    pg.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
 
 
 def number(pg: Any, selector: str) -> int:

@@ -27,21 +27,11 @@ import numpy as np
 import pytest
 from conftest import free_port, live_server
 from hibari import Hibari
-from page_frames import Frames
+from page_frames import CHROMIUM, Frames, launch, shot
 from photos import photo
 from scipy.signal import resample_poly
 
 ROOT = Path(__file__).resolve().parent.parent
-SCREENSHOTS = ROOT / "artifacts" / "screenshots"
-CHROMIUM = Path("/usr/bin/chromium")
-BASE_ARGS = [
-    "--no-sandbox",
-    "--use-fake-device-for-media-stream",
-    "--use-fake-ui-for-media-stream",
-    "--autoplay-policy=no-user-gesture-required",
-    "--disable-background-networking",
-    "--disable-component-update",
-]
 QUESTION = "How many people can you see?"
 SECOND_QUESTION = "Is it dark in here?"
 LEAD_IN_S = 3.0  # silence before the question: the page has sent frames by then
@@ -96,10 +86,6 @@ def base_url() -> Iterator[str]:
         yield base
 
 
-def launch(playwright: Any, *extra: str) -> Any:
-    return playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=[*BASE_ARGS, *extra])
-
-
 @pytest.fixture(scope="module")
 def playwright() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
@@ -116,11 +102,6 @@ def new_page(browser: Any, **context: Any) -> Any:
     pg.errors = []
     pg.on("pageerror", lambda exc: pg.errors.append(str(exc)))
     return pg
-
-
-def shot(pg: Any, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    pg.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
 
 
 def turn_done(pg: Any, n: int, timeout: float = 60_000) -> None:
