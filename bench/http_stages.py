@@ -22,6 +22,7 @@ Usage (repository root, venv active)::
 
     python bench/http_stages.py              # 15 repetitions
     python bench/http_stages.py --reps 30
+    python bench/http_stages.py --sentences 40   # a long flush: the engine busy on both workers
 """
 
 from __future__ import annotations
@@ -214,10 +215,13 @@ def main() -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--sentences", type=int, default=1, help="1 (a short sentence) or a longer flush of N")
     args = parser.parse_args()
 
     import openai
-    from speech_latency import SHORT_SENTENCE, free_port, serving
+    from speech_latency import SHORT_SENTENCE, free_port, long_flush_text, serving
+
+    text = SHORT_SENTENCE if args.sentences <= 1 else long_flush_text(args.sentences)
     from websockets.sync.client import connect
 
     port = free_port()
@@ -230,11 +234,11 @@ def main() -> int:
             with connect(base.replace("http", "ws", 1) + "/v1/audio/speech/stream", max_size=None) as ws:
                 ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "stream_audio": True}))
                 cases = {
-                    "ws": lambda: ws_case(ws, SHORT_SENTENCE),
-                    "raw pcm": lambda: raw_case(conn, SHORT_SENTENCE, "pcm"),
-                    "raw mp3": lambda: raw_case(conn, SHORT_SENTENCE, "mp3"),
-                    "sdk pcm": lambda: sdk_case(client, SHORT_SENTENCE, "pcm"),
-                    "sdk mp3": lambda: sdk_case(client, SHORT_SENTENCE, "mp3"),
+                    "ws": lambda: ws_case(ws, text),
+                    "raw pcm": lambda: raw_case(conn, text, "pcm"),
+                    "raw mp3": lambda: raw_case(conn, text, "mp3"),
+                    "sdk pcm": lambda: sdk_case(client, text, "pcm"),
+                    "sdk mp3": lambda: sdk_case(client, text, "mp3"),
                 }
                 rows: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
                 for rep in range(args.reps + 2):  # two warm-up rounds
@@ -248,7 +252,8 @@ def main() -> int:
                         if rep >= 2:
                             rows[name].append({k: (v - start) * 1000 for k, v in got.items()})
             conn.close()
-    print(f"### First audio byte, stage by stage ({args.reps} repetitions, interleaved)\n")
+    size = "a short sentence" if args.sentences <= 1 else f"{args.sentences} sentences"
+    print(f"### First audio byte, stage by stage ({size}, {args.reps} repetitions, interleaved)\n")
     print("Medians in ms of each stage's time from the previous one (of the same request), then of the total.\n")
     print("| path | " + " | ".join(STAGES) + " | total | total / ws |")
     print("|---|" + "---:|" * (len(STAGES) + 2))

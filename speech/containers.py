@@ -34,7 +34,7 @@ class _Codec:
     container: str
     codec: str
     rate: int
-    options: dict[str, str]
+    options: dict[str, str]  # the muxer's
     bit_rate: int | None = None
     # The encoder's input format when the PCM can be handed over as it is (same rate, mono planar
     # = packed): no resampler, whose set-up would delay the first bytes by a few milliseconds.
@@ -42,6 +42,7 @@ class _Codec:
     # 24 kHz input samples the encoder takes in before it writes its first audio bytes, whatever
     # the audio (measured; tests/test_openai_protocol.py pins each value as exact).
     first_bytes: int = 0
+    codec_options: dict[str, str] | None = None  # the encoder's
 
 
 # Opus runs at 48 kHz only (resampled); the others keep the voice's 24 kHz. What each encoder
@@ -52,8 +53,11 @@ class _Codec:
 # - aac: its 1,024-sample frame plus 1,024 samples of priming: 2,048.
 # - flac: one block of 2,304 samples.
 # - opus: 496 (its 20 ms frame at 48 kHz, after the resampler's delay).
+# LAME runs at quality 5 instead of its default 3: on hibari speech at 64 kbit/s, 12-25% less CPU
+# per frame (the first bytes and every stream's total) with no measurable loss (SNR 21.2 vs 21.4 dB,
+# log-spectral distance 11.83 vs 11.87 dB after decoding; 7 is twice as fast but 1.4 dB worse).
 _CODECS = {
-    "mp3": _Codec("mp3", "libmp3lame", SAMPLE_RATE, {}, 64_000, "s16p", 2304),
+    "mp3": _Codec("mp3", "libmp3lame", SAMPLE_RATE, {}, 64_000, "s16p", 2304, {"compression_level": "5"}),
     "opus": _Codec("ogg", "libopus", 48_000, {"page_duration": "20000"}, 32_000, None, 496),
     "aac": _Codec("adts", "aac", SAMPLE_RATE, {}, 64_000, "fltp", 2048),
     "flac": _Codec("flac", "flac", SAMPLE_RATE, {}, None, "s16", 2304),
@@ -128,7 +132,9 @@ class StreamEncoder:
             spec = _CODECS[response_format]
             self._sink = _Sink()
             self._container = av.open(self._sink, "w", format=spec.container, options=spec.options)
-            self._stream = self._container.add_stream(spec.codec, rate=spec.rate, layout="mono")
+            self._stream = self._container.add_stream(
+                spec.codec, rate=spec.rate, layout="mono", options=spec.codec_options or {}
+            )
             if spec.bit_rate is not None:
                 self._stream.bit_rate = spec.bit_rate
             self._format = spec.sample_format

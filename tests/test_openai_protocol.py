@@ -247,3 +247,19 @@ def test_the_speech_views_first_vocoder_step_covers_the_encoders_need(fmt, setti
     released = (frames - (dsp.N_FFT // 2) // dsp.HOP) * dsp.HOP
     assert released >= first_bytes_samples(fmt)
     assert first_chunk_frames(fmt) is None or released - first_bytes_samples(fmt) < dsp.HOP  # no bigger
+
+
+@pytest.mark.parametrize("fmt", STREAM_FORMATS)
+def test_the_first_bytes_are_encoded_from_only_the_audio_they_need(fmt):
+    from omniweb.openai_api.views import first_pieces
+
+    need = first_bytes_samples(fmt)
+    pieces = first_pieces(SILENT_START, need)
+    assert b"".join(pieces) == SILENT_START
+    if not need:
+        assert pieces == (SILENT_START,)
+        return
+    assert len(pieces[0]) == need * 2  # the rest is encoded after the first bytes have left
+    encoder = StreamEncoder(fmt)
+    assert encoder.feed(pieces[0])
+    assert first_pieces(SILENT_START[: need * 2], need) == (SILENT_START[: need * 2],)  # nothing to cut

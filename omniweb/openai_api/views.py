@@ -102,6 +102,14 @@ def first_chunk_frames(response_format: str) -> int | None:
     return frames if frames > default else None
 
 
+def first_pieces(pcm: bytes, need: int) -> tuple[bytes, ...]:
+    """The first audio cut where the encoder's first bytes are complete (``need`` samples), so
+    they leave before the rest is encoded: Opus's first vocoder step holds 2.5 of its frames, and
+    encoding the 1.5 it does not need first cost 0.3 ms of the first byte."""
+    cut = need * 2
+    return (pcm[:cut], pcm[cut:]) if 0 < cut < len(pcm) else (pcm,)
+
+
 @functools.cache
 def _voice_table() -> dict[str, str]:
     caps = capabilities()
@@ -216,19 +224,20 @@ async def _speech_body(
                 if kind == "audio":
                     pcm: bytes = chunk["pcm"]
                     samples += len(pcm) // 2
-                    if offload and sent:  # until the first bytes leave, encode here: no thread hop
-                        pending = loop.run_in_executor(None, encoder.feed, pcm)
-                        out = await asyncio.shield(pending)
-                        pending = None
-                    else:
-                        out = encoder.feed(pcm)
-                    if out:
-                        sent = True
-                        clock.audio_sent(stream=True)  # ops
-                        yield wrap(out)
-                        # Let the server write it out now: while the engine is ahead, the next
-                        # chunks are already queued and nothing else here would yield to the loop.
-                        await asyncio.sleep(0)
+                    for piece in first_pieces(pcm, encoder.first_bytes_samples) if not sent else (pcm,):
+                        if offload and sent:  # until the first bytes leave, encode here: no thread hop
+                            pending = loop.run_in_executor(None, encoder.feed, piece)
+                            out = await asyncio.shield(pending)
+                            pending = None
+                        else:
+                            out = encoder.feed(piece)
+                        if out:
+                            sent = True
+                            clock.audio_sent(stream=True)  # ops
+                            yield wrap(out)
+                            # Let the server write it out now: while the engine is ahead, the next
+                            # chunks are already queued and nothing else here would yield to the loop.
+                            await asyncio.sleep(0)
                 elif kind == "end":
                     if chunk.get("status") != "ok":
                         error = _end_error(chunk)
