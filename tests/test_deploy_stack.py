@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import http.client
 import importlib.util
+import io
 import json
 import os
 import signal
@@ -545,6 +546,35 @@ def _openai_sdk_speech_through_nginx(n: Nginx) -> None:
         rest = b"".join(chunks)
     assert first[:4] == b"RIFF" and busy == 1, (first[:16], busy)  # streamed, not buffered by the proxy
     assert (len(first) + len(rest) - 44) / 2 / 24000 > 20  # every sentence arrived
+    _openai_sdk_calls_through_nginx(n)
+
+
+def _openai_sdk_calls_through_nginx(n: Nginx) -> None:
+    """The SDK's other calls through the proxy: every speech format streamed and decoded, our own
+    voice transcribed back to its text, and the model list."""
+    import av
+    import openai
+
+    text = "The proxy passes every format."
+    http_client = openai.DefaultHttpx2Client(verify=n.client_ssl())
+    base_url = f"https://127.0.0.1:{n.https_port}/v1"
+    with openai.OpenAI(api_key="unused", base_url=base_url, max_retries=0, http_client=http_client) as client:
+        wav = b""
+        for fmt in ("mp3", "opus", "aac", "flac", "wav", "pcm"):
+            with client.audio.speech.with_streaming_response.create(
+                model="tts-1", voice="alloy", input=text, response_format=fmt
+            ) as response:
+                body = b"".join(response.iter_bytes())
+            if fmt == "pcm":
+                seconds = len(body) / 2 / 24000
+            else:
+                with av.open(io.BytesIO(body)) as container:
+                    seconds = sum(f.samples for f in container.decode(audio=0)) / container.streams.audio[0].rate
+            assert 1.0 < seconds < 4.0, (fmt, seconds)
+            wav = body if fmt == "wav" else wav
+        heard = client.audio.transcriptions.create(model="whisper-1", file=("speech.wav", io.BytesIO(wav)))
+        assert heard.text.strip().lower().rstrip(".") == text.lower().rstrip("."), heard.text
+        assert {"tts-1", "whisper-1", "hibari-tts"} <= {m.id for m in client.models.list()}
 
 
 # -- scale-out over Redis ------------------------------------------------------------------------

@@ -8,6 +8,7 @@ is in test_openai_api.py.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -101,3 +102,20 @@ def test_a_request_runs_no_database_hooks_in_a_thread():
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "omniweb.settings"}
     done = subprocess.run([sys.executable, "-c", _HOOKS_PROBE], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+async def test_a_stream_leaves_a_spare_encoder_that_the_next_one_takes(engine, monkeypatch):
+    from omniweb.openai_api import views
+
+    monkeypatch.setattr(views, "_SPARES", views._SpareEncoders())
+    assert views._SPARES.take("opus") is None
+    status, first, _ = await speech("opus")
+    await asyncio.sleep(views.SPARE_DELAY + 0.5)  # the spare opens in a thread after the first bytes
+    spare = views._SPARES.take("opus")
+    assert status == 200 and spare is not None
+    views._SPARES._ready["opus"] = spare
+    status, second, _ = await speech("opus")
+    assert status == 200 and views._SPARES.take("opus") is not spare  # taken: what waits now is a new one
+    for body in (first, second):  # a spare writes the same stream as an encoder opened on the spot
+        with av.open(io.BytesIO(body)) as container:
+            assert sum(f.samples for f in container.decode(audio=0)) / 48000 > 1.0

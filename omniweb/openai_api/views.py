@@ -102,6 +102,39 @@ def first_chunk_frames(response_format: str) -> int | None:
     return frames if frames > default else None
 
 
+class _SpareEncoders:
+    """One encoder per FFmpeg format, opened before a request needs it.
+
+    FFmpeg's set-up runs with the GIL held (``avcodec_open2``, ``avformat_write_header``: ~1 ms
+    for LAME). Opened as a request starts, it stalled the talker's Python front end and came out
+    of the first audio; opened once a stream's first bytes have left, it costs nobody's first
+    audio. Concurrent streams of one format beyond the spare open their own, as before.
+    """
+
+    def __init__(self) -> None:
+        self._ready: dict[str, StreamEncoder] = {}
+
+    def take(self, response_format: str) -> StreamEncoder | None:
+        return self._ready.pop(response_format, None)
+
+    def refill(self, response_format: str) -> None:
+        """Open a spare unless one is waiting (in a thread: never on the event loop)."""
+        try:
+            if response_format in self._ready:
+                return
+            encoder = StreamEncoder(response_format)
+            if self._ready.setdefault(response_format, encoder) is not encoder:  # another refill won
+                encoder.close()
+        except Exception:  # only a lost head start: the next request opens its own
+            logger.warning("cannot open a spare %s encoder", response_format, exc_info=True)
+
+
+_SPARES = _SpareEncoders()
+# After a stream's first bytes, how long the spare's set-up waits: past daphne's socket write of
+# them (a thread holding the GIL then delayed that write by 0.1 ms), well before the next request.
+SPARE_DELAY = 0.01
+
+
 def first_pieces(pcm: bytes, need: int) -> tuple[bytes, ...]:
     """The first audio cut where the encoder's first bytes are complete (``need`` samples), so
     they leave before the rest is encoded: Opus's first vocoder step holds 2.5 of its frames, and
@@ -163,9 +196,12 @@ async def speech(request: HttpRequest) -> HttpResponse:
         # First use may load the models (a thread); later, no thread hop on the way to the first audio.
         engine = loaded_engine_client() or await asyncio.to_thread(get_engine_client)
         stream = engine.stream(tts_request(params.input, config, TTS_PIPELINE), uuid.uuid4().hex)
+        spare = _SPARES.take(params.response_format)
         if params.response_format in ("pcm", "wav"):  # nothing to set up
             first, encoder = await _first_chunk(stream), StreamEncoder(params.response_format)
-        else:  # FFmpeg's encoder set-up (1-5 ms) runs in a thread while the engine makes the first audio
+        elif spare is not None:
+            first, encoder = await _first_chunk(stream), spare
+        else:  # the format's first stream (or a concurrent one): set up while the engine works
             first, encoder = await asyncio.gather(
                 _first_chunk(stream), asyncio.to_thread(StreamEncoder, params.response_format)
             )
@@ -203,7 +239,8 @@ async def _speech_body(
     """The body: container bytes as the engine's PCM arrives (or SSE deltas of them)."""
     loop = asyncio.get_running_loop()
     pending: asyncio.Future[bytes] | None = None  # an encoder call running in a thread
-    offload = params.response_format not in ("pcm", "wav")  # FFmpeg encoders: in a thread, off the event loop
+    fmt = params.response_format
+    offload = fmt not in ("pcm", "wav")  # FFmpeg encoders: in a thread, off the event loop
     samples = 0
     sent = False  # audio bytes have left
     gauge = metrics.SESSIONS_OPEN.labels(endpoint=SPEECH_ENDPOINT)
@@ -232,6 +269,8 @@ async def _speech_body(
                         else:
                             out = encoder.feed(piece)
                         if out:
+                            if offload and not sent:  # the next stream's encoder, once these bytes are out
+                                loop.call_later(SPARE_DELAY, loop.run_in_executor, None, _SPARES.refill, fmt)
                             sent = True
                             clock.audio_sent(stream=True)  # ops
                             yield wrap(out)
