@@ -196,10 +196,9 @@ async def speech(request: HttpRequest) -> HttpResponse:
         # First use may load the models (a thread); later, no thread hop on the way to the first audio.
         engine = loaded_engine_client() or await asyncio.to_thread(get_engine_client)
         stream = engine.stream(tts_request(params.input, config, TTS_PIPELINE), uuid.uuid4().hex)
-        spare = _SPARES.take(params.response_format)
         if params.response_format in ("pcm", "wav"):  # nothing to set up
             first, encoder = await _first_chunk(stream), StreamEncoder(params.response_format)
-        elif spare is not None:
+        elif (spare := _SPARES.take(params.response_format)) is not None:
             first, encoder = await _first_chunk(stream), spare
         else:  # the format's first stream (or a concurrent one): set up while the engine works
             first, encoder = await asyncio.gather(
