@@ -32,14 +32,9 @@ from playwright.sync_api import Page, sync_playwright
 from speech_latency import free_port, stats_cells
 
 REPO = Path(__file__).resolve().parent.parent
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--use-fake-device-for-media-stream",
-    "--use-fake-ui-for-media-stream",
-    "--autoplay-policy=no-user-gesture-required",
-    "--disable-background-networking",
-    "--disable-component-update",
-]
+sys.path.insert(0, str(REPO / "tests"))
+from page_frames import launch  # noqa: E402  (Chromium with fake media, as the browser tests run it)
+
 TEXT = "The quick brown fox jumps over the lazy dog. It was a bright cold day in April."
 
 
@@ -116,7 +111,7 @@ def main() -> int:
     proc, url = (None, args.url) if args.url else start_server()
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+            browser = launch(p)
             page = browser.new_page()
             speech = {mode: speech_runs(page, url, mode, args.runs) for mode in ("stream", "codec")}
             video = video_runs(page, url, max(3, args.runs // 2))

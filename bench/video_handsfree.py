@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from browser_pages import CHROMIUM_ARGS, start_server
+from browser_pages import start_server
+from page_frames import launch  # on the path through browser_pages (tests/)
 from playwright.sync_api import Page, sync_playwright
 from speech_latency import stats_cells
 
@@ -125,7 +126,7 @@ def main() -> int:
     rounds: list[dict[str, float]] = []
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+            browser = launch(p)
             # bypass_csp: the bench's wait_for_function strings are eval'd in the page
             page = browser.new_context(viewport={"width": 1100, "height": 900}, bypass_csp=True).new_page()
             page.add_init_script(CUED_MIC)
