@@ -219,7 +219,7 @@ def test_uploads_decode_to_16k_mono_and_refusals_are_clear():
         assert (info.value.status, info.value.param) == (400, "file")
 
 
-# hibari's sentences start with digital silence, which LAME holds back one frame longer than sound
+# hibari's sentences start with digital silence (LAME with its bit reservoir held that back 2 frames longer)
 SILENT_START = b"\0\0" * 3000 + TONE
 
 
