@@ -29,6 +29,7 @@ class CountState:
     shape: int = 1
     tag: str = ""
     long: bool = False
+    lookahead: bool = False  # steps after the first are look-ahead: due 0.1 s of media apart
     done: int = 0
     batch_sizes: list[int] = field(default_factory=list)
 
@@ -46,6 +47,7 @@ class CountLoop:
         self.long_now = 0  # long steps running at this moment
         self.long_most = 0  # the most that ran at once
         self.next_calls: dict[str, int] = {}  # next() calls by request tag
+        self.started: list[float] = []  # when each step began (time.monotonic)
 
     def init(self, request: dict[str, Any], slots: dict[str, Any]) -> CountState:
         state = CountState(
@@ -54,6 +56,7 @@ class CountLoop:
         state.shape = request.get("shape", 1)
         state.tag = request.get("tag", "")
         state.long = bool(request.get("long"))
+        state.lookahead = bool(request.get("lookahead"))
         return state
 
     def next(self, state: CountState) -> WorkPlan | Any:
@@ -66,6 +69,7 @@ class CountLoop:
         i = state.done
 
         def run() -> StepResult:
+            self.started.append(time.monotonic())
             if state.long:
                 with self.lock:
                     self.long_now += 1
@@ -93,6 +97,7 @@ class CountLoop:
             emits=("ticks",),
             batch_run=None if state.long else batch_run,
             long=state.long,
+            due=0.1 * i if state.lookahead else None,
         )
 
     def advance(self, state: CountState, result: StepResult) -> None:
@@ -409,6 +414,20 @@ class OrderLog:
                     self.ended[name].set()
 
         return put
+
+
+@pytest.mark.parametrize("settle", [0.0, 0.15])
+def test_look_ahead_starts_a_settle_time_after_the_first_media(make_scheduler, settle):
+    """The first media's delivery (encoding, socket writes) has the CPUs to itself for a moment;
+    then look-ahead starts on its own, with nothing else to wake the workers."""
+    sched, pipeline = make_scheduler(workers=2, lookahead_settle=settle)
+    sink = Collector()
+    sched.submit("r", {"pipeline": "count", "steps": 3, "lookahead": True}, sink)
+    assert sink.ended.wait(5)
+    first, *ahead = pipeline.loops[0].started
+    assert len(ahead) == 2
+    assert ahead[0] - first >= settle
+    assert ahead[0] - first < settle + 0.1
 
 
 def test_batch_priority_is_not_paced(make_scheduler):

@@ -87,9 +87,17 @@ class _Job:
             return max(self.submitted_at + first_media_budget, now + STREAM_GUARD) + due
         return self.first_media_at + due
 
-    def ready(self, plan: WorkPlan) -> bool:
-        """Look-ahead work waits for the request's first media so it cannot slow that down."""
-        return self.first_media_at is not None or not plan.due
+    def ready_at(self, plan: WorkPlan, settle: float) -> float | None:
+        """When ``plan`` may run: at once, or look-ahead work ``settle`` seconds after the request's
+        first media (None: that has not come yet).
+
+        Look-ahead cannot slow the first media down then: neither the step that makes it nor its
+        delivery, which runs on the same CPUs after the step (an HTTP body's encoder, the socket
+        writes, a client on this machine). Its output is due seconds later.
+        """
+        if not plan.due:
+            return 0.0
+        return None if self.first_media_at is None else self.first_media_at + settle
 
     def release(self, plan: WorkPlan, max_ahead: float) -> float | None:
         """When an emitting step may run if the stream is paced ``max_ahead`` seconds ahead of its listener."""
@@ -127,6 +135,7 @@ class Scheduler:
         batch_wait: float = 0.0,
         first_media_budget: float = 0.15,
         max_ahead: float = 0.0,
+        lookahead_settle: float = 0.0,
         on_batch: Callable[[str, int], None] | None = None,
     ) -> None:
         self._pipelines = pipelines
@@ -138,7 +147,10 @@ class Scheduler:
         self._on_batch = on_batch
         self._budget = max(0.0, first_media_budget)
         self._max_ahead = max(0.0, max_ahead)
-        self._next_release: float | None = None  # earliest paced step's release (wakes idle workers)
+        self._settle = max(0.0, lookahead_settle)
+        # The earliest time a waiting step may run (a paced step's release, look-ahead's settle):
+        # wakes idle workers.
+        self._next_release: float | None = None
         self._cond = threading.Condition()
         self._active: dict[str, _Job] = {}
         self._queued: deque[_Job] = deque()
@@ -319,7 +331,13 @@ class Scheduler:
                     continue
             for e in job.entries:
                 plan = e.plan
-                if plan is None or e.busy or not job.ready(plan):
+                if plan is None or e.busy:
+                    continue
+                at = job.ready_at(plan, self._settle)
+                if at is None:
+                    continue
+                if at > now:
+                    self._wake_at(at)
                     continue
                 if job.batch:
                     if batch_full is None:
@@ -333,8 +351,7 @@ class Scheduler:
                         continue
                 release = job.release(plan, self._max_ahead)
                 if release is not None and release > now:  # far enough ahead of its listener: wait
-                    if self._next_release is None or release < self._next_release:
-                        self._next_release = release
+                    self._wake_at(release)
                     continue
                 # Real-time work first (earliest deadline first), batch work in what time is left;
                 # the count keeps the order of equal keys as the table's (as a stable sort would).
@@ -362,6 +379,10 @@ class Scheduler:
         ]
         batch += [(j, e) for _, j, e in heapq.nsmallest(self._max_batch - 1, mates, key=_key)]
         return batch
+
+    def _wake_at(self, at: float) -> None:
+        if self._next_release is None or at < self._next_release:
+            self._next_release = at
 
     def _batch_full(self) -> bool:
         """Batch work waits while its share of workers is taken or a real-time request awaits first media."""
