@@ -17,17 +17,20 @@ every path sees the same machine state:
    the audio's duration (real-time factor), for ``json`` and ``verbose_json`` with words.
 
 Target (issue 13): the HTTP first byte is at most 1.2x the WebSocket's first audio, judged for
-every format through the SDK. The judged figure is the median over repetitions of each request's
-first byte over the WebSocket's first audio of the same repetition (paired): this machine's speed
-drifts in stretches of a few seconds (first audio 23 ms for a while, then 28-30 ms), and a ratio of
-the two medians can set one side's fast stretch against the other's slow one. The ratio of the
-medians is printed beside it.
+every format through the SDK, on its own phase of short requests (``--first-reps``, 31 by
+default): each HTTP request right after a WebSocket one on the same text, each dropped after its
+first audio (the server aborts the rest, and both sides wait 50 ms for that), the HTTP connection
+reopened before the clock starts. The judged figure is the median over those pairs of the
+request's first bytes over its WebSocket's first audio: this machine's speed drifts in stretches
+of a few seconds (first audio 23 ms for a while, then 28-30 ms), and a ratio of two medians can set
+one side's fast stretch against the other's slow one. The ratio of the medians is printed beside
+it. Totals come from whole requests, interleaved path by path, ``--reps`` times (5).
 Prints markdown to stdout, progress to stderr; exit status 1 when a target fails.
 
 Usage (repository root, venv active)::
 
     python bench/openai_audio.py                # starts runserver on a free port (unpaced engine)
-    python bench/openai_audio.py --quick        # fewer repetitions
+    python bench/openai_audio.py --quick        # fewer repetitions (7 pairs, 3 totals)
     python bench/openai_audio.py --url http://127.0.0.1:8000
 
 Without ``--url`` the server runs with ``OMNIWEB_ENGINE_MAX_AHEAD_SECONDS=0`` (unpaced) so the
@@ -125,6 +128,54 @@ def ws_speech(url: str, text: str) -> tuple[float, float]:
     return first, total
 
 
+# -- first audio only (the judged phase) -------------------------------------------------------------
+SETTLE = 0.05  # seconds after a dropped request: the server has aborted its engine work by then
+
+
+def ws_first(url: str, text: str) -> float:
+    """The WebSocket's first PCM frame, then the connection is closed (the engine work aborted)."""
+    with connect(url, max_size=None) as ws:
+        ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "stream_audio": True}))
+        start = perf()
+        ws.send(json.dumps({"type": "input.text", "text": text}))
+        ws.send(json.dumps({"type": "input.done"}))
+        while not isinstance(ws.recv(timeout=120), bytes):
+            pass
+        first = perf() - start
+    time.sleep(SETTLE)
+    return first
+
+
+def http_first(client: openai.OpenAI, text: str, fmt: str) -> float:
+    """The SDK's first body bytes, then the response is dropped; a cheap call first reopens the
+    kept-alive connection that the previous drop closed, so the clock never counts a connect."""
+    client.models.list()
+    time.sleep(SETTLE)
+    start = perf()
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input=text, response_format=fmt
+    ) as response:
+        next(response.iter_bytes())
+        first = perf() - start
+    time.sleep(SETTLE)
+    return first
+
+
+def raw_http_first(conn: http.client.HTTPConnection, text: str, fmt: str) -> float:
+    """As ``http_first`` without the SDK: prepared bytes on a connection opened before the clock."""
+    conn.close()
+    conn.connect()
+    body = json.dumps({"model": "tts-1", "voice": "alloy", "input": text, "response_format": fmt})
+    start = perf()
+    conn.request("POST", "/v1/audio/speech", body, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200 and response.read1(65536)
+    first = perf() - start
+    conn.close()
+    time.sleep(SETTLE)
+    return first
+
+
 def median_ms(xs: list[float]) -> str:
     return f"{statistics.median(xs) * 1000:.0f}"
 
@@ -136,8 +187,11 @@ def spread_ms(xs: list[float]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--url", help="a running server, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--reps", type=int, default=11, help="repetitions per case (default 11)")
-    parser.add_argument("--quick", action="store_true", help="3 repetitions")
+    parser.add_argument("--reps", type=int, default=5, help="whole requests per case, for the totals (default 5)")
+    parser.add_argument(
+        "--first-reps", type=int, default=31, help="WebSocket/HTTP first-audio pairs per case, judged (default 31)"
+    )
+    parser.add_argument("--quick", action="store_true", help="7 pairs and 3 whole requests per case")
     parser.add_argument("--paced", action="store_true", help="keep the server's pacing (default: unpaced)")
     parser.add_argument("--api-key", default=os.environ.get("OMNIWEB_BENCH_TOKEN", "unused"))
     parser.add_argument("--no-transcription", action="store_true", help="speech only (section 3 takes minutes)")
@@ -145,21 +199,20 @@ def main() -> int:
         "--formats", default="pcm,wav,mp3,opus,aac,flac", help="response formats to time (pcm, wav and mp3 at least)"
     )
     args = parser.parse_args()
-    reps = 3 if args.quick else args.reps
+    reps, first_reps = (3, 7) if args.quick else (args.reps, args.first_reps)
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     if args.url:
-        return run(args.url.rstrip("/"), reps, args.api_key, not args.no_transcription, formats)
+        return run(args.url.rstrip("/"), reps, first_reps, args.api_key, not args.no_transcription, formats)
     with server(args.paced) as base:
-        return run(base, reps, args.api_key, not args.no_transcription, formats)
+        return run(base, reps, first_reps, args.api_key, not args.no_transcription, formats)
 
 
-def run(base: str, reps: int, api_key: str, transcribe: bool, formats: list[str]) -> int:
+def run(base: str, reps: int, first_reps: int, api_key: str, transcribe: bool, formats: list[str]) -> int:
     ws_url = base.replace("http", "ws", 1) + "/v1/audio/speech/stream"
     texts = {"1 sentence": SHORT_SENTENCE, "40 sentences": long_flush_text(40)}
     client = openai.OpenAI(api_key=api_key, base_url=base + "/v1", max_retries=0, timeout=300)
     host, port = base.split("//", 1)[1].rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=300)
-    first: dict[tuple[str, str], list[float]] = {}
     total: dict[tuple[str, str], list[float]] = {}
     bodies: dict[str, bytes] = {}
     cases: list[tuple[str, str, Callable[[], tuple[float, float]]]] = []
@@ -179,19 +232,32 @@ def run(base: str, reps: int, api_key: str, transcribe: bool, formats: list[str]
     for _, _, case in cases[:4]:
         case()
     for rep in range(reps):
-        log(f"repetition {rep + 1}/{reps}")
+        log(f"whole requests {rep + 1}/{reps}")
         for label, path, case in cases:
-            f, t = case()
-            first.setdefault((label, path), []).append(f)
+            _, t = case()
             total.setdefault((label, path), []).append(t)
+    # The judged phase: (HTTP first bytes, the WebSocket's first audio just before) pairs.
+    paths = [*formats, "raw pcm", "raw mp3"]
+    pairs: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for rep in range(first_reps):
+        log(f"first-audio pairs {rep + 1}/{first_reps}")
+        for label, text in texts.items():
+            for path in paths:
+                ws = ws_first(ws_url, text)
+                if path.startswith("raw "):
+                    got = raw_http_first(conn, text, path[4:])
+                else:
+                    got = http_first(client, text, path)
+                pairs.setdefault((label, path), []).append((got, ws))
 
     ok = True
     print("### OpenAI speech vs WebSocket (same run, interleaved)\n")
     print(
-        f"{reps} repetitions per case, medians (min–max) in ms. Both sides warm and on an open connection; "
-        "the WebSocket's clock starts as it sends `input.text` + `input.done`, the HTTP one as the "
-        "request is made. Paired: the median of each request's first bytes over the WebSocket's "
-        "first audio of the same repetition.\n"
+        f"First bytes: {first_reps} pairs per case, each HTTP request right after a WebSocket request on the "
+        "same text, both dropped after their first audio; medians (min–max) in ms. Paired: the median of "
+        "each request's first bytes over its WebSocket's first audio. Totals: "
+        f"{reps} whole requests per case, interleaved. Both sides warm and on an open connection; the "
+        "WebSocket's clock starts as it sends `input.text` + `input.done`, the HTTP one as the request is made.\n"
     )
     print(
         "| input | path | first bytes | total | first bytes / WS first audio (paired) "
@@ -199,18 +265,18 @@ def run(base: str, reps: int, api_key: str, transcribe: bool, formats: list[str]
     )
     print("|---|---|---|---|---|---|---|")
     for label in texts:
-        ws_firsts = first[(label, "ws")]
-        for path in ["ws", *formats, "raw pcm", "raw mp3"]:
-            fs, ts = first[(label, path)], total[(label, path)]
-            if path == "ws":
-                name = "WebSocket (PCM stream)"
-            elif path.startswith("raw "):
-                name = f"HTTP `{path[4:]}`, no SDK (info)"
-            else:
-                name = f"HTTP `{path}`"
-            paired = statistics.median(f / w for f, w in zip(fs, ws_firsts, strict=True))
-            ratio = statistics.median(fs) / statistics.median(ws_firsts)
-            judged = path != "ws" and not path.startswith("raw ")
+        ws_firsts = [w for path in paths for _, w in pairs[(label, path)]]
+        ts = total[(label, "ws")]
+        print(
+            f"| {label} | WebSocket (PCM stream) | {median_ms(ws_firsts)} ({spread_ms(ws_firsts)}) "
+            f"| {median_ms(ts)} ({spread_ms(ts)}) | 1.00× | 1.00× |  |"
+        )
+        for path in paths:
+            fs, ts = [f for f, _ in pairs[(label, path)]], total[(label, path)]
+            name = f"HTTP `{path[4:]}`, no SDK (info)" if path.startswith("raw ") else f"HTTP `{path}`"
+            paired = statistics.median(f / w for f, w in pairs[(label, path)])
+            ratio = statistics.median(fs) / statistics.median(w for _, w in pairs[(label, path)])
+            judged = not path.startswith("raw ")
             verdict = "" if not judged else ("PASS" if paired <= TARGET_FIRST_BYTE_VS_WS else "FAIL")
             if verdict == "FAIL":
                 ok = False
@@ -220,13 +286,13 @@ def run(base: str, reps: int, api_key: str, transcribe: bool, formats: list[str]
             )
     print()
     if transcribe:
-        transcription(client, texts, bodies, reps)
+        transcription(client, texts, bodies)
     conn.close()
     print(f"Overall: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 
 
-def transcription(client: openai.OpenAI, texts: dict[str, str], bodies: dict[str, bytes], reps: int) -> None:
+def transcription(client: openai.OpenAI, texts: dict[str, str], bodies: dict[str, bytes]) -> None:
     print("### Transcription (whisper-1 → Whisper tiny.en on the engine)\n")
     print("| audio | response_format | audio s | wall ms (median) | real-time factor | words right |")
     print("|---|---|---|---|---|---|")
@@ -236,7 +302,7 @@ def transcription(client: openai.OpenAI, texts: dict[str, str], bodies: dict[str
         for fmt, extra in [("json", {}), ("verbose_json", {"timestamp_granularities": ["word"]})]:
             walls = []
             result = None
-            for _ in range(max(1, reps // 3)):
+            for _ in range(3):
                 start = perf()
                 result = client.audio.transcriptions.create(
                     model="whisper-1", file=("speech.wav", io.BytesIO(wav)), response_format=fmt, **extra

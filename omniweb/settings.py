@@ -141,9 +141,9 @@ ENGINE_MAX_AHEAD_SECONDS = env_float("ENGINE_MAX_AHEAD_SECONDS", 30.0)
 # A new request's first audio is scheduled as if due this long after it arrives: streams already
 # playing with less buffered audio than that are served first, so a burst of arrivals can't starve them.
 ENGINE_FIRST_AUDIO_BUDGET_MS = env_int("ENGINE_FIRST_AUDIO_BUDGET_MS", 150)
-# Look-ahead work (the talker's next sentences) starts this long after a request's first audio,
-# leaving the CPUs to that audio's delivery (encoding, socket writes) first.
-ENGINE_LOOKAHEAD_SETTLE_MS = env_float("ENGINE_LOOKAHEAD_SETTLE_MS", 5.0)
+# A request's steps pause this long after its first audio, leaving the CPUs to that audio's
+# delivery (an HTTP body's encoder, socket writes) before its next vocoder chunk and sentences.
+ENGINE_FIRST_AUDIO_SETTLE_MS = env_float("ENGINE_FIRST_AUDIO_SETTLE_MS", 5.0)
 ENGINE_PRELOAD = env_bool("ENGINE_PRELOAD", not REDIS_URL)  # daphne hosts in Redis mode run no models
 
 # Voice (hibari-tts).

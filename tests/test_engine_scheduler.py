@@ -416,18 +416,33 @@ class OrderLog:
         return put
 
 
+@pytest.mark.parametrize("lookahead", [False, True])
 @pytest.mark.parametrize("settle", [0.0, 0.15])
-def test_look_ahead_starts_a_settle_time_after_the_first_media(make_scheduler, settle):
+def test_a_request_pauses_a_settle_time_after_its_first_media(make_scheduler, settle, lookahead):
     """The first media's delivery (encoding, socket writes) has the CPUs to itself for a moment;
-    then look-ahead starts on its own, with nothing else to wake the workers."""
-    sched, pipeline = make_scheduler(workers=2, lookahead_settle=settle)
+    then the request's next steps, look-ahead or not, run on their own, with nothing else to wake
+    the workers."""
+    sched, pipeline = make_scheduler(workers=2, first_media_settle=settle)
     sink = Collector()
-    sched.submit("r", {"pipeline": "count", "steps": 3, "lookahead": True}, sink)
+    sched.submit("r", {"pipeline": "count", "steps": 3, "lookahead": lookahead}, sink)
     assert sink.ended.wait(5)
-    first, *ahead = pipeline.loops[0].started
-    assert len(ahead) == 2
-    assert ahead[0] - first >= settle
-    assert ahead[0] - first < settle + 0.1
+    first, second, third = pipeline.loops[0].started
+    assert second - first >= settle
+    assert second - first < settle + 0.1
+    assert third - second < 0.1  # once
+
+
+def test_under_load_a_request_is_not_held_back_after_its_first_media(make_scheduler):
+    """With other requests' work ready there is no idle CPU to give the delivery: the settle
+    would only queue the request's next audio behind that work."""
+    sched, _ = make_scheduler(workers=1, first_media_settle=0.5)
+    a, b = Collector(), Collector()
+    start = time.monotonic()
+    sched.submit("a", {"pipeline": "count", "steps": 2, "tag": "a"}, a)
+    sched.submit("b", {"pipeline": "count", "steps": 20, "delay": 0.01, "shape": 2, "tag": "b"}, b)
+    assert a.ended.wait(5)
+    assert time.monotonic() - start < 0.4
+    assert b.ended.wait(5)
 
 
 def test_batch_priority_is_not_paced(make_scheduler):

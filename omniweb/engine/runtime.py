@@ -43,7 +43,7 @@ def get_scheduler() -> Scheduler:
                 max_ahead=settings.ENGINE_MAX_AHEAD_SECONDS,
                 on_batch=observe_batch,
                 first_media_budget=settings.ENGINE_FIRST_AUDIO_BUDGET_MS / 1000.0,
-                lookahead_settle=settings.ENGINE_LOOKAHEAD_SETTLE_MS / 1000.0,
+                first_media_settle=settings.ENGINE_FIRST_AUDIO_SETTLE_MS / 1000.0,
             )
             sched.start()
             _scheduler = sched

@@ -88,16 +88,18 @@ class _Job:
         return self.first_media_at + due
 
     def ready_at(self, plan: WorkPlan, settle: float) -> float | None:
-        """When ``plan`` may run: at once, or look-ahead work ``settle`` seconds after the request's
-        first media (None: that has not come yet).
+        """When ``plan`` may run (None: not before the request's first media).
 
-        Look-ahead cannot slow the first media down then: neither the step that makes it nor its
-        delivery, which runs on the same CPUs after the step (an HTTP body's encoder, the socket
-        writes, a client on this machine). Its output is due seconds later.
+        Look-ahead work (due later) waits for the request's first media so it cannot slow that
+        down. Then, while nothing else is ready, every step of the request waits ``settle``
+        seconds more, leaving the CPUs to that media's delivery, which runs after the step that
+        made it (an HTTP body's encoder, socket writes, a client on this machine): a step of the
+        same request running meanwhile (the next vocoder chunk, the next sentence) delayed it by
+        1-2 ms. The next audio is due tens of milliseconds later.
         """
-        if not plan.due:
-            return 0.0
-        return None if self.first_media_at is None else self.first_media_at + settle
+        if self.first_media_at is None:
+            return None if plan.due else 0.0
+        return self.first_media_at + settle
 
     def release(self, plan: WorkPlan, max_ahead: float) -> float | None:
         """When an emitting step may run if the stream is paced ``max_ahead`` seconds ahead of its listener."""
@@ -135,7 +137,7 @@ class Scheduler:
         batch_wait: float = 0.0,
         first_media_budget: float = 0.15,
         max_ahead: float = 0.0,
-        lookahead_settle: float = 0.0,
+        first_media_settle: float = 0.0,
         on_batch: Callable[[str, int], None] | None = None,
     ) -> None:
         self._pipelines = pipelines
@@ -147,8 +149,8 @@ class Scheduler:
         self._on_batch = on_batch
         self._budget = max(0.0, first_media_budget)
         self._max_ahead = max(0.0, max_ahead)
-        self._settle = max(0.0, lookahead_settle)
-        # The earliest time a waiting step may run (a paced step's release, look-ahead's settle):
+        self._settle = max(0.0, first_media_settle)
+        # The earliest time a waiting step may run (a paced step's release, the first media's settle):
         # wakes idle workers.
         self._next_release: float | None = None
         self._cond = threading.Condition()
@@ -317,6 +319,7 @@ class Scheduler:
         requests offers ~80 ready plans to each of its ~400 picks, all under the lock.
         """
         ready: list[tuple[tuple[bool, float, int, int], _Job, _Entry]] = []
+        settling: list[tuple[float, tuple[tuple[bool, float, int, int], _Job, _Entry]]] = []
         now = time.monotonic()
         self._next_release = None
         batch_full: bool | None = None  # computed when a batch-priority plan first needs it
@@ -336,9 +339,6 @@ class Scheduler:
                 at = job.ready_at(plan, self._settle)
                 if at is None:
                     continue
-                if at > now:
-                    self._wake_at(at)
-                    continue
                 if job.batch:
                     if batch_full is None:
                         batch_full = self._batch_full()
@@ -355,10 +355,20 @@ class Scheduler:
                     continue
                 # Real-time work first (earliest deadline first), batch work in what time is left;
                 # the count keeps the order of equal keys as the table's (as a stable sort would).
-                key = (job.batch, job.deadline(plan, self._budget, now), 0 if plan.emits else 1, len(ready))
+                count = len(ready) + len(settling)
+                key = (job.batch, job.deadline(plan, self._budget, now), 0 if plan.emits else 1, count)
+                if at > now:  # its request's first media is being delivered
+                    settling.append((at, (key, job, e)))
+                    continue
                 ready.append((key, job, e))
         if not ready:
+            # Idle workers leave the CPUs to the first media's delivery for its settle time.
+            # Under load there is nothing idle to give: holding the request back would only put
+            # its next audio behind other requests' work (a burst's talker batches).
+            if settling:
+                self._wake_at(min(at for at, _ in settling))
             return []
+        ready += [item for _, item in settling]
         first_key, job, entry = min(ready, key=_key)
         batch = [(job, entry)]
         plan = entry.plan
