@@ -40,6 +40,7 @@ Without ``--url`` the server runs with ``OMNIWEB_ENGINE_MAX_AHEAD_SECONDS=0`` (u
 from __future__ import annotations
 
 import argparse
+import difflib
 import http.client
 import io
 import json
@@ -310,7 +311,8 @@ def transcription(client: openai.OpenAI, texts: dict[str, str], bodies: dict[str
                 walls.append(perf() - start)
             assert result is not None
             said, heard = _words(text), _words(result.text)
-            right = sum(a == b for a, b in zip(said, heard, strict=False)) / len(said)
+            # words in order (an inserted or dropped word shifts no others, as a position-wise match would)
+            right = sum(b.size for b in difflib.SequenceMatcher(None, said, heard).get_matching_blocks()) / len(said)
             wall = statistics.median(walls)
             print(f"| {label} | `{fmt}` | {seconds:.1f} | {wall * 1000:.0f} | {wall / seconds:.3f} | {right:.0%} |")
     print()
