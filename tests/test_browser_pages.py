@@ -227,8 +227,8 @@ def test_speech_file_mode_at_half_speed(page, base_url):
 def test_speech_sends_text_as_it_is_typed(page, base_url):
     frames = Frames(page)
     page.goto(base_url + "/speech/")
+    page.fill("#text", "")  # first: live mode sends what the box holds after a 300 ms pause
     page.check("#live")
-    page.fill("#text", "")
     page.locator("#text").press_sequentially("Typed live. ", delay=20)
     page.wait_for_function("document.querySelector('#conn').dataset.state === 'open'", timeout=10_000)
     page.wait_for_timeout(600)  # the page sends after a 300 ms pause in typing
