@@ -131,6 +131,8 @@ def ws_speech(url: str, text: str) -> tuple[float, float]:
 
 # -- first audio only (the judged phase) -------------------------------------------------------------
 SETTLE = 0.05  # seconds after a dropped request: the server has aborted its engine work by then
+# wav's 44-byte header leaves as the body starts, before any audio: its first audio is byte 45.
+HEADER_BYTES = {"wav": 44}
 
 
 def ws_first(url: str, text: str) -> float:
@@ -148,7 +150,7 @@ def ws_first(url: str, text: str) -> float:
 
 
 def http_first(client: openai.OpenAI, text: str, fmt: str) -> float:
-    """The SDK's first body bytes, then the response is dropped; a cheap call first reopens the
+    """The SDK's first audio bytes, then the response is dropped; a cheap call first reopens the
     kept-alive connection that the previous drop closed, so the clock never counts a connect."""
     client.models.list()
     time.sleep(SETTLE)
@@ -156,7 +158,11 @@ def http_first(client: openai.OpenAI, text: str, fmt: str) -> float:
     with client.audio.speech.with_streaming_response.create(
         model="tts-1", voice="alloy", input=text, response_format=fmt
     ) as response:
-        next(response.iter_bytes())
+        got = 0
+        for part in response.iter_bytes():
+            got += len(part)
+            if got > HEADER_BYTES.get(fmt, 0):
+                break
         first = perf() - start
     time.sleep(SETTLE)
     return first
@@ -170,7 +176,10 @@ def raw_http_first(conn: http.client.HTTPConnection, text: str, fmt: str) -> flo
     start = perf()
     conn.request("POST", "/v1/audio/speech", body, {"Content-Type": "application/json"})
     response = conn.getresponse()
-    assert response.status == 200 and response.read1(65536)
+    assert response.status == 200
+    got = 0
+    while got <= HEADER_BYTES.get(fmt, 0):
+        got += len(response.read1(65536))
     first = perf() - start
     conn.close()
     time.sleep(SETTLE)
