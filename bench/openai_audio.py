@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import openai
 from websockets.sync.client import connect
@@ -76,57 +77,61 @@ def server(paced: bool) -> Iterator[str]:
 
 
 # -- one request each ---------------------------------------------------------------------------------
-def http_speech(client: openai.OpenAI, text: str, fmt: str) -> tuple[float, float, bytes]:
-    """(first body bytes, end of body) in seconds from the request, and the body."""
-    parts = []
-    start = perf()
-    first = None
-    with client.audio.speech.with_streaming_response.create(
+def _speak(client: openai.OpenAI, text: str, fmt: str) -> Any:
+    """The SDK's streamed speech call (a context manager over the response)."""
+    return client.audio.speech.with_streaming_response.create(
         model="tts-1", voice="alloy", input=text, response_format=fmt
-    ) as response:
-        for part in response.iter_bytes():
-            if first is None:
-                first = perf() - start
-            parts.append(part)
-    total = perf() - start
-    assert first is not None
-    return first, total, b"".join(parts)
+    )
 
 
-def raw_http_speech(conn: http.client.HTTPConnection, text: str, fmt: str) -> tuple[float, float]:
-    """(first body bytes, end of body) in seconds from the request: prepared bytes on a kept-alive
-    connection, so the difference to the SDK's row is the SDK's own client-side work."""
+def _raw_speak(conn: http.client.HTTPConnection, text: str, fmt: str) -> http.client.HTTPResponse:
+    """The same request as prepared bytes, without the SDK."""
     body = json.dumps({"model": "tts-1", "voice": "alloy", "input": text, "response_format": fmt})
-    start = perf()
     conn.request("POST", "/v1/audio/speech", body, {"Content-Type": "application/json"})
     response = conn.getresponse()
-    first = None
-    while response.read1(65536):
-        first = first or perf() - start
-    assert first is not None and response.status == 200
-    return first, perf() - start
+    assert response.status == 200
+    return response
 
 
-def ws_speech(url: str, text: str) -> tuple[float, float]:
-    """(first PCM frame, session.done) in seconds from sending the text and its flush (what the
-    HTTP request carries), on a connection opened before the clock starts, as the HTTP client's is."""
+def _ws_flush(ws: Any, text: str) -> float:
+    """Configure a PCM stream, then send the text and its flush (what the HTTP request carries);
+    returns the clock's start, taken after the set-up, as the HTTP client's connection is open."""
+    ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "stream_audio": True}))
+    start = perf()
+    ws.send(json.dumps({"type": "input.text", "text": text}))
+    ws.send(json.dumps({"type": "input.done"}))
+    return start
+
+
+# -- whole requests (the totals) ----------------------------------------------------------------------
+def http_speech(client: openai.OpenAI, text: str, fmt: str) -> tuple[float, bytes]:
+    """The end of the body in seconds from the request, and the body."""
+    start = perf()
+    with _speak(client, text, fmt) as response:
+        body = b"".join(response.iter_bytes())
+    assert body
+    return perf() - start, body
+
+
+def raw_http_speech(conn: http.client.HTTPConnection, text: str, fmt: str) -> float:
+    """The end of the body in seconds from the request, on a kept-alive connection."""
+    start = perf()
+    response = _raw_speak(conn, text, fmt)
+    assert response.read()
+    return perf() - start
+
+
+def ws_speech(url: str, text: str) -> float:
+    """``session.done`` in seconds from sending the text and its flush."""
     with connect(url, max_size=None) as ws:
-        ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "stream_audio": True}))
-        start = perf()
-        ws.send(json.dumps({"type": "input.text", "text": text}))
-        ws.send(json.dumps({"type": "input.done"}))
-        first = None
+        start = _ws_flush(ws, text)
         while True:
             msg = ws.recv(timeout=120)
-            if isinstance(msg, bytes):
-                if first is None:
-                    first = perf() - start
-            elif json.loads(msg)["type"] == "session.done":
+            if not isinstance(msg, bytes) and json.loads(msg)["type"] == "session.done":
                 total = perf() - start
                 break
         ws.send(json.dumps({"type": "session.close"}))
-    assert first is not None
-    return first, total
+    return total
 
 
 # -- first audio only (the judged phase) -------------------------------------------------------------
@@ -138,10 +143,7 @@ HEADER_BYTES = {"wav": 44}
 def ws_first(url: str, text: str) -> float:
     """The WebSocket's first PCM frame, then the connection is closed (the engine work aborted)."""
     with connect(url, max_size=None) as ws:
-        ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "stream_audio": True}))
-        start = perf()
-        ws.send(json.dumps({"type": "input.text", "text": text}))
-        ws.send(json.dumps({"type": "input.done"}))
+        start = _ws_flush(ws, text)
         while not isinstance(ws.recv(timeout=120), bytes):
             pass
         first = perf() - start
@@ -155,9 +157,7 @@ def http_first(client: openai.OpenAI, text: str, fmt: str) -> float:
     client.models.list()
     time.sleep(SETTLE)
     start = perf()
-    with client.audio.speech.with_streaming_response.create(
-        model="tts-1", voice="alloy", input=text, response_format=fmt
-    ) as response:
+    with _speak(client, text, fmt) as response:
         got = 0
         for part in response.iter_bytes():
             got += len(part)
@@ -172,11 +172,8 @@ def raw_http_first(conn: http.client.HTTPConnection, text: str, fmt: str) -> flo
     """As ``http_first`` without the SDK: prepared bytes on a connection opened before the clock."""
     conn.close()
     conn.connect()
-    body = json.dumps({"model": "tts-1", "voice": "alloy", "input": text, "response_format": fmt})
     start = perf()
-    conn.request("POST", "/v1/audio/speech", body, {"Content-Type": "application/json"})
-    response = conn.getresponse()
-    assert response.status == 200
+    response = _raw_speak(conn, text, fmt)
     got = 0
     while got <= HEADER_BYTES.get(fmt, 0):
         got += len(response.read1(65536))
@@ -225,15 +222,15 @@ def run(base: str, reps: int, first_reps: int, api_key: str, transcribe: bool, f
     conn = http.client.HTTPConnection(host, int(port), timeout=300)
     total: dict[tuple[str, str], list[float]] = {}
     bodies: dict[str, bytes] = {}
-    cases: list[tuple[str, str, Callable[[], tuple[float, float]]]] = []
+    cases: list[tuple[str, str, Callable[[], float]]] = []
     for label, text in texts.items():
         cases.append((label, "ws", lambda text=text: ws_speech(ws_url, text)))
         for fmt in formats:
 
-            def http_case(text: str = text, fmt: str = fmt, label: str = label) -> tuple[float, float]:
-                f, t, body = http_speech(client, text, fmt)
+            def http_case(text: str = text, fmt: str = fmt, label: str = label) -> float:
+                t, body = http_speech(client, text, fmt)
                 bodies[f"{label}/{fmt}"] = body
-                return f, t
+                return t
 
             cases.append((label, fmt, http_case))
         for fmt in ("pcm", "mp3"):  # the same requests without the SDK (info)
@@ -244,8 +241,7 @@ def run(base: str, reps: int, first_reps: int, api_key: str, transcribe: bool, f
     for rep in range(reps):
         log(f"whole requests {rep + 1}/{reps}")
         for label, path, case in cases:
-            _, t = case()
-            total.setdefault((label, path), []).append(t)
+            total.setdefault((label, path), []).append(case())
     # The judged phase: (HTTP first bytes, the WebSocket's first audio just before) pairs.
     paths = [*formats, "raw pcm", "raw mp3"]
     pairs: dict[tuple[str, str], list[tuple[float, float]]] = {}
