@@ -184,7 +184,9 @@ def raw_http_first(conn: http.client.HTTPConnection, text: str, fmt: str) -> flo
     response = _raw_speak(conn, text, fmt)
     got = 0
     while got <= HEADER_BYTES.get(fmt, 0):
-        got += len(response.read1(65536))
+        part = response.read1(65536)
+        assert part, "the body ended before its first audio"
+        got += len(part)
     first = perf() - start
     conn.close()
     time.sleep(SETTLE)
