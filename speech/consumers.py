@@ -354,7 +354,8 @@ class SpeechStreamConsumer(SessionConsumer):
             lambda batch: self._request(config, batch, merge=merge, codec=codec),
             pieces,
             input_done=input_done,
-            max_ahead_seconds=settings.ENGINE_MAX_AHEAD_SECONDS,
+            # batch priority writes a file: nobody listens meanwhile, so no request waits for playback
+            max_ahead_seconds=0.0 if config.priority == "batch" else settings.ENGINE_MAX_AHEAD_SECONDS,
             on_activity=self._touch,  # the idle clock pauses while audio is made
         )
         utt = _Utterance(index=self.utterance_index, text=" ".join(pieces), merge=merge, speech=speech, codec=codec)

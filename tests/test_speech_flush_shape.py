@@ -7,11 +7,13 @@ import base64
 import io
 import itertools
 import wave
+from types import SimpleNamespace
 
 import pytest
 import soundfile
 from conftest import Transcript, is_type, receive_until, receive_until_done, session, speak
 
+from omniweb.conversation import utterance
 from omniweb.engine import client as engine_client
 from omniweb.engine import dispatch
 
@@ -177,6 +179,27 @@ async def test_a_completed_sentence_is_spoken_before_the_flush(connect):
     assert [m["sentence_text"] for m in rest.of_type("audio.start")] == [JUGS]
     assert [m["sentence_index"] for m in rest.of_type("audio.start")] == [1]
     assert rest.json[-1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 2}
+
+
+async def test_a_batch_session_is_never_held_for_playback_between_its_requests(
+    connect, settings, monkeypatch, requests_seen
+):
+    """``priority: "batch"`` (a file writer, as ``manage.py speak``): the pieces completed after the
+    first request go out when it ends, however far its audio is ahead of playback. The listener's
+    clock is frozen here, so a turn paced across requests would hold the second one for ever."""
+    settings.ENGINE_MAX_AHEAD_SECONDS = 0.5
+    monkeypatch.setattr(utterance, "time", SimpleNamespace(monotonic=lambda: 0.0))
+    config = {"response_format": "pcm", "stream_audio": True, "split_granularity": "sentence", "priority": "batch"}
+    comm = await session(connect, **config)
+    await comm.send_json_to({"type": "input.text", "text": THREE})  # FOX and JUGS complete: the first request
+    first = await receive_until(comm, is_type("audio.done"))  # it speaks (seconds ahead of the frozen clock)
+    await comm.send_json_to({"type": "input.done"})  # ZEBRAS: the second request
+    rest = await receive_until_done(comm)
+    assert first.errors == rest.errors == []
+    sentences = [m["sentence_text"] for t in (first, rest) for m in t.of_type("audio.start")]
+    assert sentences == [FOX, JUGS, ZEBRAS] and rest.json[-1]["total_sentences"] == 3
+    tts = [r for r in requests_seen if r["pipeline"] == "speech.tts"]
+    assert [r["text"] for r in tts] == [f"{FOX}\n{JUGS}", ZEBRAS] and {r["priority"] for r in tts} == {"batch"}
 
 
 async def test_token_streamed_text_gives_the_same_audio_as_one_message(connect):
