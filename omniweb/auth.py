@@ -45,6 +45,7 @@ from django.conf import settings
 from django.core import signing
 
 from . import metrics
+from .engine.tenants import TENANT
 from .security import deny_handshake
 
 logger = logging.getLogger(__name__)
@@ -196,6 +197,38 @@ def claim_session(scope: dict[str, Any]) -> Callable[[], None] | None:
                 del _open_per_client[key]
 
     return release
+
+
+def tenant(scope: dict[str, Any]) -> str | None:
+    """Whose engine work a connection's requests are, for the engine's fair ordering (one client's
+    burst must not hold another client's first audio behind it): its bearer token, else its address
+    (the forwarded one behind a proxy). A token stays out of the engine: only its fingerprint goes."""
+    for name, value in scope.get("headers") or []:
+        if name == b"authorization":
+            bearer = parse_bearer(value.decode("latin-1"))
+            if bearer is not None:
+                return "token:" + _fingerprint(bearer)
+    key = client_key(scope)
+    if key is not None:
+        return key
+    client = scope.get("client")
+    return str(client[0]) if client else None
+
+
+class EngineTenant:
+    """ASGI middleware: the connection's ``tenant`` for every engine request made while serving it."""
+
+    def __init__(self, application: Any) -> None:
+        self.application = application
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        if scope["type"] not in ("http", "websocket"):
+            return await self.application(scope, receive, send)
+        token = TENANT.set(tenant(scope))
+        try:
+            return await self.application(scope, receive, send)
+        finally:
+            TENANT.reset(token)
 
 
 # -- the middleware ----------------------------------------------------------------------------------

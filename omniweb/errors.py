@@ -18,6 +18,8 @@ class ErrorKind(StrEnum):
     UPSTREAM = "upstream_failure"  # a server we depend on (the upstream thinker) failed or refused
     WORKER_LOST = "worker_lost"  # the worker serving the request went silent mid-stream
     UNREACHABLE = "engine_unreachable"  # no engine worker could be reached or took the request
+    STARTING = "starting"  # the server is still loading the models this request needs: retry shortly
+    UNAVAILABLE = "unavailable"  # the models this request needs failed to load: this endpoint cannot serve
     TIMEOUT = "timeout"  # the client was too slow (config, idle)
     STALLED = "stalled"  # the client stopped reading what we send
     AUTH = "auth"  # a refused handshake: credentials
@@ -26,12 +28,24 @@ class ErrorKind(StrEnum):
 
 # The kinds whose engine messages tell the client to retry shortly (a full server, an engine that
 # cannot be reached): an endpoint passes those words on instead of only saying its request failed.
-RETRYABLE = frozenset({ErrorKind.CAPACITY, ErrorKind.UNREACHABLE})
+RETRYABLE = frozenset({ErrorKind.CAPACITY, ErrorKind.UNREACHABLE, ErrorKind.STARTING})
 
 # What an engine ``end`` message's ``status`` is for each kind (clients that predate kinds read it).
-_STATUS = {ErrorKind.CAPACITY: "busy", ErrorKind.CLIENT: "invalid", ErrorKind.UNREACHABLE: "unavailable"}
+_STATUS = {
+    ErrorKind.CAPACITY: "busy",
+    ErrorKind.CLIENT: "invalid",
+    ErrorKind.UNREACHABLE: "unavailable",
+    ErrorKind.STARTING: "unavailable",
+    ErrorKind.UNAVAILABLE: "unavailable",
+}
 
 CAPACITY_MESSAGE = "server is at capacity; retry shortly"
+STARTING_MESSAGE = "server is starting (its models are still loading); retry shortly"
+
+
+def unavailable_message(pipeline: str) -> str:
+    """What a client hears when the models its request needs failed to load on this server."""
+    return f"the {pipeline} models failed to load on this server; this endpoint is unavailable"
 
 
 class EngineError(Exception):

@@ -174,15 +174,41 @@ def local_worker() -> dict[str, Any] | None:
     sched = runtime._scheduler
     if sched is None:
         return None
-    return {**worker_record(LOCAL_WORKER, sched.stats()), "age_seconds": 0.0, "up": True}
+    return {**engine_record(LOCAL_WORKER, sched, runtime.engine_status()), "age_seconds": 0.0, "up": True}
 
 
-def worker_record(worker: str, stats: Any) -> dict[str, Any]:
-    """One engine's load as /healthz and /metrics read it; also what workers publish to Redis."""
+def engine_record(worker: str, sched: Any, status: dict[str, Any] | None) -> dict[str, Any]:
+    """``worker_record`` of a running scheduler, with its readiness (``runtime.engine_status``)."""
+    return worker_record(
+        worker,
+        sched.stats(),
+        ready=bool(status and status["ready"]),
+        failed=status["failed"] if status else {},
+        waits=sched.estimated_waits(),
+    )
+
+
+def worker_record(
+    worker: str,
+    stats: Any,
+    *,
+    ready: bool = True,
+    failed: dict[str, str] | None = None,
+    waits: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """One engine's load as /healthz and /metrics read it; also what workers publish to Redis.
+
+    ``ready``: every pipeline has loaded or failed and one serves; ``pipelines``: each one's state;
+    ``estimated_wait_seconds``: per pipeline, how long a new request would wait for its first media.
+    """
     return {
         "worker": worker,
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "ready": ready,
+        "pipelines": dict(stats.pipelines),
+        "failed": dict(failed or {}),
+        "estimated_wait_seconds": dict(waits or {}),
         "active": stats.active,
         "queued": stats.queued,
         "running_steps": stats.running_steps,
@@ -333,6 +359,16 @@ class EngineCollector:
                 if isinstance(w.get(field), int | float):
                     counter.add_metric([str(w["worker"])], w[field])
             yield counter
+        ready = GaugeMetricFamily("omniweb_engine_ready", "1 once the worker's models have loaded", labels=["worker"])
+        wait_doc = "Estimated seconds until a new request's first media (load shedding refuses past the budget)"
+        waits = GaugeMetricFamily("omniweb_engine_estimated_wait_seconds", wait_doc, labels=["worker", "pipeline"])
+        for w in workers:
+            ready.add_metric([str(w["worker"])], 1.0 if w.get("ready", True) else 0.0)
+            for pipeline, wait in (w.get("estimated_wait_seconds") or {}).items():
+                if isinstance(wait, int | float):
+                    waits.add_metric([str(w["worker"]), str(pipeline)], wait)
+        yield ready
+        yield waits
         up_doc = "1 if the worker's heartbeat is fresh (worker=local: this process's engine, when started)"
         up = GaugeMetricFamily("omniweb_worker_up", up_doc, labels=["worker"])
         for w in workers:

@@ -54,6 +54,7 @@ INSTALLED_APPS = [
 
 # Django's own middlewares, with their hooks run on the event loop (omniweb/middleware.py says why).
 MIDDLEWARE = [
+    "omniweb.middleware.RequestIdMiddleware",  # first: every response carries X-Request-Id
     "omniweb.middleware.SecurityMiddleware",
     "omniweb.middleware.CommonMiddleware",
     "omniweb.middleware.XFrameOptionsMiddleware",
@@ -145,6 +146,13 @@ ENGINE_FIRST_AUDIO_BUDGET_MS = env_int("ENGINE_FIRST_AUDIO_BUDGET_MS", 150)
 # delivery (an HTTP body's encoder, socket writes) before its next vocoder chunk and sentences.
 ENGINE_FIRST_AUDIO_SETTLE_MS = env_float("ENGINE_FIRST_AUDIO_SETTLE_MS", 5.0)
 ENGINE_PRELOAD = env_bool("ENGINE_PRELOAD", not REDIS_URL)  # daphne hosts in Redis mode run no models
+# Load shedding: a real-time request whose first audio the engine estimates (from its measured step
+# costs and what is queued before it) would come later than this is refused at once (HTTP 503 with
+# Retry-After, a WebSocket error of kind "capacity"), not queued. 0: admit by the counts alone.
+ENGINE_ADMIT_BUDGET_MS = env_float("ENGINE_ADMIT_BUDGET_MS", 2000.0)
+# While the models load, a request waits this long for the ones it needs, then is refused with
+# kind "starting" (HTTP 503 with Retry-After); a WebSocket handshake never waits for them.
+ENGINE_READY_WAIT_SECONDS = env_float("ENGINE_READY_WAIT_SECONDS", 10.0)
 
 # Voice (hibari-tts).
 TTS_MODEL_NAME = env_str("TTS_MODEL", "hibari-tts")
@@ -207,9 +215,12 @@ VIDEO_ASR_BEAM_SIZE = env_int("VIDEO_ASR_BEAM_SIZE", 1)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    # Times in UTC (ISO 8601 with a Z), whatever the machine's zone.
+    # Times in UTC (ISO 8601 with a Z), whatever the machine's zone; " [req_…]" while serving an HTTP request.
     "formatters": {
-        "plain": {"()": "omniweb.logs.UTCFormatter", "fmt": "%(asctime)s %(levelname)s %(name)s: %(message)s"}
+        "plain": {
+            "()": "omniweb.logs.UTCFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s%(request)s: %(message)s",
+        }
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
@@ -230,7 +241,7 @@ WORKER_STALE_SECONDS = env_float("WORKER_STALE_SECONDS", 5.0)  # older heartbeat
 # pushing every HTTP request through a sync-middleware thread hop (WhiteNoise's middleware is sync
 # only). Behind nginx, `location /static/` serves the collectstatic copy and never reaches daphne.
 INSTALLED_APPS.append("servestatic")
-MIDDLEWARE.insert(1, "servestatic.middleware.ServeStaticMiddleware")
+MIDDLEWARE.insert(2, "servestatic.middleware.ServeStaticMiddleware")  # after RequestId and Security
 SERVESTATIC_USE_FINDERS = True  # straight from static/: no collectstatic step to run the app
 
 # Hardening (issue #11). The pages load only their own ES modules and stylesheet (no inline script

@@ -126,6 +126,7 @@ class VadPipeline:
     """``{"pipeline": "audio.vad", ...}``: the process's one Silero VAD model."""
 
     name = PIPELINE
+    shed = False  # a listening session's next windows: never refused by load shedding (a few ms each)
 
     def __init__(self) -> None:
         self.loops = (VadLoop(SileroVad()),)

@@ -26,24 +26,62 @@ def _no_store(response: HttpResponse) -> HttpResponse:
 
 @require_GET
 async def healthz(request: HttpRequest) -> HttpResponse:
-    """200 when the channel layer answers and an engine can take work (embedded, or a live worker)."""
+    """Readiness: 200 once an engine can serve without a model-load wait (this process's, with its
+    models loaded, or a ready worker over Redis), else 503 with what is still loading or broken."""
+    from omniweb.engine import runtime
+
     layer, (workers, _) = await asyncio.gather(metrics.layer_status(), metrics.engine_workers())
     redis_mode = metrics.redis_mode()
     # In Redis mode requests go to the workers over the layer: this process's own engine (if any
     # code started one) does not count.
     serving = [w for w in workers if w["up"] and not (redis_mode and w["worker"] == metrics.LOCAL_WORKER)]
+    ready_workers = [w for w in serving if w.get("ready", True)]  # a heartbeat from before readiness: ready
     local = next((w for w in workers if w["worker"] == metrics.LOCAL_WORKER), None)
     engine: dict[str, Any] = {
         "mode": "redis" if redis_mode else "embedded",
         "local_started": local is not None,
+        **_readiness(runtime.engine_status() if not redis_mode else None, serving, redis_mode),
         "workers_up": len(serving),
+        "workers_ready": len(ready_workers),
         "active": sum(int(w.get("active") or 0) for w in serving),
         "queued": sum(int(w.get("queued") or 0) for w in serving),
         "running_steps": sum(int(w.get("running_steps") or 0) for w in serving),
     }
-    ok = bool(layer["reachable"]) and (not redis_mode or bool(serving))
-    body = {"ok": ok, "channel_layer": layer, "workers": workers, "engine": engine}
-    return _no_store(JsonResponse(body, status=200 if ok else 503))
+    ready = bool(layer["reachable"]) and engine["state"] in ("ready", "degraded")
+    if ready:
+        status = engine["state"]
+    elif not layer["reachable"] or (redis_mode and not serving) or engine["state"] == "failed":
+        status = "unavailable"
+    else:
+        status = "starting"
+    body = {"ok": ready, "ready": ready, "status": status, "channel_layer": layer, "workers": workers, "engine": engine}
+    response = JsonResponse(body, status=200 if ready else 503)
+    # A probe polls this while the models load: not an error for django.request to log each time.
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return _no_store(response)
+
+
+def _readiness(local: dict[str, Any] | None, serving: list[dict[str, Any]], redis_mode: bool) -> dict[str, Any]:
+    """The engine's ``state``, ``loading``, ``failed`` and ``pipelines``: this process's engine in
+    embedded mode (``idle`` until something starts it), else the best of the live workers'."""
+    if not redis_mode:
+        if local is None:
+            return {"state": "idle", "loading": [], "failed": {}, "pipelines": {}}
+        return {key: local[key] for key in ("state", "loading", "failed", "pipelines")}
+    rank = {"ready": 2, "loading": 1, "failed": 0}
+    pipelines: dict[str, dict[str, Any]] = {}
+    for w in serving:
+        for name, state in (w.get("pipelines") or {}).items():
+            best = pipelines.get(name)
+            if best is None or rank.get(state, 0) > rank.get(best["state"], 0):
+                pipelines[name] = {"state": state, "error": (w.get("failed") or {}).get(name)}
+    loading = [name for name, p in pipelines.items() if p["state"] == "loading"]
+    failed = {name: p["error"] for name, p in pipelines.items() if p["state"] == "failed"}
+    if not any(w.get("ready", True) for w in serving):
+        state = "loading" if serving else "failed"
+    else:
+        state = "degraded" if failed else "ready"
+    return {"state": state, "loading": loading, "failed": failed, "pipelines": pipelines}
 
 
 @require_GET

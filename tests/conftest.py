@@ -289,7 +289,7 @@ def live_server(args: list[str], port: int, **env: str) -> Iterator[str]:
             while True:
                 try:
                     with urllib.request.urlopen(base + "/healthz", timeout=2) as resp:
-                        if json.loads(resp.read())["engine"]["local_started"]:
+                        if json.loads(resp.read())["ready"]:  # 503 (an HTTPError) while the models load
                             break
                 except (OSError, ValueError, KeyError):
                     pass
@@ -334,10 +334,12 @@ def redis_stack() -> Iterator[str]:
         deadline = time.monotonic() + 60
 
         def workers_up() -> int:
+            """Workers whose heartbeat says their models are loaded (they heartbeat while loading)."""
             try:
-                return len(client.keys("omniweb:worker:*"))
+                beats = [json.loads(v) for v in client.mget(client.keys("omniweb:worker:*")) if v]
             except redis.ConnectionError:  # the server is still starting
                 return 0
+            return sum(1 for beat in beats if beat.get("ready"))
 
         while workers_up() < len(workers):  # both loaded their models
             assert time.monotonic() < deadline, "engine workers did not come up"

@@ -318,7 +318,7 @@ def wait_engine_loaded(port: int, timeout: float = 120.0) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         try:
             conn.request("GET", "/healthz")
-            if json.loads(conn.getresponse().read())["engine"]["local_started"]:
+            if json.loads(conn.getresponse().read())["ready"]:  # 503 and not ready while the models load
                 return
         except (OSError, ValueError, KeyError):
             pass
@@ -624,12 +624,12 @@ def heartbeats(redis_url: str) -> dict[int, dict[str, Any]]:
 def wait_for_workers(stack: Stack, redis_url: str, workers: list[Service], timeout: float = 120.0) -> None:
     pids = {w.proc.pid for w in workers}
     deadline = time.monotonic() + timeout
-    while not pids <= set(heartbeats(redis_url)):
+    while not pids <= {pid for pid, beat in heartbeats(redis_url).items() if beat.get("ready")}:  # models loaded
         for w in workers:
             if not w.alive():
                 pytest.fail(f"{w.name} exited ({w.proc.returncode}):\n{w.log()}")
         if time.monotonic() > deadline:
-            pytest.fail(f"workers {pids} not all heartbeating after {timeout} s: {heartbeats(redis_url)}")
+            pytest.fail(f"workers {pids} not all ready after {timeout} s: {heartbeats(redis_url)}")
         time.sleep(0.2)
 
 

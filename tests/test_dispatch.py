@@ -75,7 +75,8 @@ class Stack:
         cmd = [sys.executable, "manage.py", "runworker", "omniweb-engine"]
         proc = self.workers[name] = subprocess.Popen(cmd, cwd=ROOT, env=env)
         deadline = time.monotonic() + 60
-        while (beat := self.beat(name)) is None or beat["pid"] != proc.pid:  # not a dead namesake's key
+        # Its own heartbeat (not a dead namesake's key) saying its models are loaded.
+        while (beat := self.beat(name)) is None or beat["pid"] != proc.pid or not beat.get("ready"):
             assert time.monotonic() < deadline, f"worker {name} did not come up"
             assert self.workers[name].poll() is None, f"worker {name} exited"
             time.sleep(0.1)

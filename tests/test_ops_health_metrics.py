@@ -90,15 +90,22 @@ async def test_healthz_embedded_never_starts_the_engine(embedded, monkeypatch):
     monkeypatch.setattr(runtime, "get_scheduler", refuse)
     monkeypatch.setattr(runtime, "get_engine_client", refuse)
     status, body = await health()
-    assert status == 200
+    assert status == 503  # not ready: the models load with the first request (OMNIWEB_ENGINE_PRELOAD=0)
     assert body == {
-        "ok": True,
+        "ok": False,
+        "ready": False,
+        "status": "starting",
         "channel_layer": {"backend": "channels.layers.InMemoryChannelLayer", "reachable": True},
         "workers": [],
         "engine": {
             "mode": "embedded",
             "local_started": False,
+            "state": "idle",
+            "loading": [],
+            "failed": {},
+            "pipelines": {},
             "workers_up": 0,
+            "workers_ready": 0,
             "active": 0,
             "queued": 0,
             "running_steps": 0,

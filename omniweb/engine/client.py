@@ -15,9 +15,11 @@ from typing import Any, Protocol
 from omniweb.errors import CAPACITY_MESSAGE, ErrorKind, engine_end
 
 from .dispatch import MAX_REQUEST_BYTES, REQUEST_TOO_LARGE, request_bytes
-from .scheduler import AdmissionError, Scheduler
+from .scheduler import AdmissionError, Scheduler, Sink
+from .tenants import with_tenant
 
 logger = logging.getLogger(__name__)
+READY_POLL_SECONDS = 0.05  # how often a request waiting for its models looks again
 
 
 class EngineClient(Protocol):
@@ -29,17 +31,34 @@ class EngineClient(Protocol):
 
 
 def admission_end(exc: AdmissionError) -> dict[str, Any]:
-    """The ``end`` chunk of a request the scheduler refused (full, or not running)."""
+    """The ``end`` chunk of a request the scheduler refused (full, starting, failed, not running)."""
     if exc.kind is ErrorKind.CAPACITY:
-        return engine_end(ErrorKind.CAPACITY, CAPACITY_MESSAGE)
+        extra = {} if exc.retry_after is None else {"retry_after": round(exc.retry_after, 3)}
+        return engine_end(ErrorKind.CAPACITY, CAPACITY_MESSAGE, **extra)
+    if exc.kind in (ErrorKind.STARTING, ErrorKind.UNAVAILABLE):
+        return engine_end(exc.kind, str(exc))
     return engine_end(exc.kind, "engine unavailable")
 
 
 class LocalEngineClient:
     """Runs requests on an in-process scheduler (the embedded default)."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, *, ready_wait: float = 0.0) -> None:
         self._scheduler = scheduler
+        self._ready_wait = ready_wait  # seconds a request waits for its pipeline's models to load
+
+    async def _submit(self, rid: str, request: dict[str, Any], sink: Sink) -> None:
+        """Submit; while the request's models are still loading, wait up to ``ready_wait`` for them
+        (polled on the event loop: no thread is held per waiting client), then let it be refused."""
+        deadline = asyncio.get_running_loop().time() + self._ready_wait
+        while True:
+            try:
+                self._scheduler.submit(rid, request, sink)
+                return
+            except AdmissionError as exc:
+                if exc.kind is not ErrorKind.STARTING or asyncio.get_running_loop().time() >= deadline:
+                    raise
+            await asyncio.sleep(READY_POLL_SECONDS)
 
     async def stream(self, request: dict[str, Any], request_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
         rid = request_id or uuid.uuid4().hex
@@ -53,7 +72,7 @@ class LocalEngineClient:
             yield engine_end(ErrorKind.CLIENT, REQUEST_TOO_LARGE)
             return
         try:
-            self._scheduler.submit(rid, request, sink)
+            await self._submit(rid, with_tenant(request), sink)
         except AdmissionError as exc:
             yield admission_end(exc)
             return

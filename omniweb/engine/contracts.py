@@ -123,7 +123,11 @@ class Releasing(Protocol[StateT]):
 
 
 class Pipeline(Protocol):
-    """The loops that serve one kind of request (e.g. talker → vocoder), in cascade order."""
+    """The loops that serve one kind of request (e.g. talker → vocoder), in cascade order.
+
+    A pipeline may set ``shed = False``: its requests are then admitted by the counts alone, never
+    refused by load shedding (the VAD windows of a session that is already listening).
+    """
 
     name: str
     loops: Sequence[Loop[Any]]

@@ -28,6 +28,8 @@ from channels.exceptions import ChannelFull
 from omniweb.errors import CAPACITY_MESSAGE, ErrorKind, engine_end
 from omniweb.sessions import spawn
 
+from .tenants import with_tenant
+
 logger = logging.getLogger(__name__)
 CLAIM_KEY_PREFIX = "omniweb:claim:"  # a worker sets it (NX) before running a request: exactly one runs it
 CLAIM_SECONDS = 600  # longer than any request waits in the channel (its expiry)
@@ -134,6 +136,7 @@ class ChannelEngineClient:
             yield engine_end(ErrorKind.CLIENT, REQUEST_TOO_LARGE)
             return
         blobs: dict[str, bytes] = {}
+        request = with_tenant(request)
         if self._redis_url:
             request, blobs = offload_blobs(request, f"{BLOB_KEY_PREFIX}{rid}:")
         reply = await self._layer.new_channel()  # same Redis list as the consumer's own channel: one reader serves both

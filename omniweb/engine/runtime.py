@@ -1,4 +1,12 @@
-"""Process-wide engine: the model registry and the one scheduler that owns this process's devices."""
+"""Process-wide engine: the model registry, the one scheduler that owns this process's devices, and
+its readiness.
+
+The scheduler starts at once and the pipelines load behind it, one by one, in a background thread:
+a request for a pipeline still loading is refused as ``starting`` (the in-process client first waits
+``ENGINE_READY_WAIT_SECONDS`` for it), one whose models failed to load as ``unavailable``, and every
+other pipeline serves as soon as it is loaded. ``/healthz`` and the workers' heartbeats read
+``engine_status``.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from django.conf import settings
 
@@ -22,19 +32,42 @@ _scheduler: Scheduler | None = None
 _client: EngineClient | None = None
 
 
+@dataclass
+class PipelineLoad:
+    """One pipeline's load: ``loading`` → ``ready`` or ``failed`` (with why)."""
+
+    state: str = "loading"
+    error: str | None = None
+    load_seconds: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "error": self.error, "load_seconds": self.load_seconds}
+
+
+@dataclass
+class _Loading:
+    """The models of the running scheduler: one per engine start (tests stop and start engines)."""
+
+    pipelines: dict[str, PipelineLoad] = field(default_factory=dict)
+    done: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+
+_loading = _Loading()
+
+
 def register_pipeline(name: str, factory: Callable[[], Pipeline]) -> None:
     """Apps register their pipelines at start-up; models load only when the engine starts."""
     _factories[name] = factory
 
 
-def get_scheduler() -> Scheduler:
-    global _scheduler
+def start_engine() -> Scheduler:
+    """Start this process's scheduler now and load the models behind it; never blocks on them."""
+    global _scheduler, _loading
     with _lock:
         if _scheduler is None:
-            started = time.monotonic()
-            pipelines = {name: factory() for name, factory in _factories.items()}
             sched = Scheduler(
-                pipelines,
+                {},
                 workers=settings.ENGINE_WORKERS,
                 max_active=settings.ENGINE_MAX_ACTIVE,
                 max_queued=settings.ENGINE_MAX_QUEUED,
@@ -44,20 +77,94 @@ def get_scheduler() -> Scheduler:
                 on_batch=observe_batch,
                 first_media_budget=settings.ENGINE_FIRST_AUDIO_BUDGET_MS / 1000.0,
                 first_media_settle=settings.ENGINE_FIRST_AUDIO_SETTLE_MS / 1000.0,
+                admit_budget=settings.ENGINE_ADMIT_BUDGET_MS / 1000.0,
             )
+            factories = dict(_factories)
+            loading = _Loading(pipelines={name: PipelineLoad() for name in factories})
+            for name in factories:
+                sched.pipeline_loading(name)
             sched.start()
-            _scheduler = sched
-            logger.info(
-                "ready: models loaded in %.1f s (%s); the engine serves requests on %d workers",
-                time.monotonic() - started,
-                ", ".join(pipelines),
-                settings.ENGINE_WORKERS,
+            loading.thread = threading.Thread(
+                target=_load, args=(sched, factories, loading), name="engine-load", daemon=True
             )
+            _scheduler, _loading = sched, loading
+            loading.thread.start()
         return _scheduler
 
 
+def _load(sched: Scheduler, factories: dict[str, Callable[[], Pipeline]], loading: _Loading) -> None:
+    """Build each pipeline in registration order (the codec reuses the speech talker built before
+    it); one that raises is reported and refused, and the others load and serve regardless."""
+    started = time.monotonic()
+    try:
+        for name, factory in factories.items():
+            t0 = time.monotonic()
+            status = loading.pipelines[name]
+            try:
+                pipeline = factory()
+            except Exception as exc:
+                logger.exception("pipeline %s failed to load: its endpoints are unavailable, the others serve", name)
+                status.error = f"{type(exc).__name__}: {exc}"
+                status.state = "failed"
+                sched.pipeline_failed(name, status.error)
+                continue
+            status.load_seconds = round(time.monotonic() - t0, 3)
+            sched.add_pipeline(name, pipeline)
+            status.state = "ready"
+    finally:
+        loading.done.set()
+    ready = [name for name, s in loading.pipelines.items() if s.state == "ready"]
+    failed = [name for name, s in loading.pipelines.items() if s.state == "failed"]
+    logger.info(
+        "ready: models loaded in %.1f s (%s)%s; the engine serves requests on %d workers",
+        time.monotonic() - started,
+        ", ".join(ready) or "none",
+        f"; failed to load: {', '.join(failed)}" if failed else "",
+        settings.ENGINE_WORKERS,
+    )
+
+
+def get_scheduler() -> Scheduler:
+    """The scheduler once every pipeline has loaded or failed (blocks while the models load)."""
+    sched = start_engine()
+    _loading.done.wait()
+    return sched
+
+
+def wait_loaded(timeout: float | None = None) -> bool:
+    """Block until the running engine's loading is over; False on timeout (True with no engine)."""
+    return _scheduler is None or _loading.done.wait(timeout)
+
+
+def engine_status() -> dict[str, Any] | None:
+    """This process's engine readiness, or None when no engine was started here.
+
+    ``state``: ``loading`` until every pipeline is loaded or failed, then ``ready`` (all loaded),
+    ``degraded`` (some failed, the others serve) or ``failed`` (none loaded).
+    """
+    if _scheduler is None:
+        return None
+    pipelines = {name: s.as_dict() for name, s in _loading.pipelines.items()}
+    loading = [name for name, s in pipelines.items() if s["state"] == "loading"]
+    failed = {name: s["error"] for name, s in pipelines.items() if s["state"] == "failed"}
+    if loading:
+        state = "loading"
+    elif failed:
+        state = "failed" if len(failed) == len(pipelines) else "degraded"
+    else:
+        state = "ready"
+    return {
+        "state": state,
+        "ready": state in ("ready", "degraded"),
+        "loading": loading,
+        "failed": failed,
+        "pipelines": pipelines,
+    }
+
+
 def get_engine_client() -> EngineClient:
-    """The client the consumers use: the in-process scheduler, or workers over Redis."""
+    """The client the consumers use: the in-process scheduler, or workers over Redis. Never waits
+    for the models: the in-process engine starts loading them if nothing has yet."""
     global _client
     if _client is None:
         if settings.REDIS_URL:
@@ -73,13 +180,13 @@ def get_engine_client() -> EngineClient:
                 redis_url=settings.REDIS_URL,
             )
         else:
-            _client = LocalEngineClient(get_scheduler())
+            _client = LocalEngineClient(start_engine(), ready_wait=settings.ENGINE_READY_WAIT_SECONDS)
     return _client
 
 
 def loaded_engine_client() -> EngineClient | None:
     """The client once ``get_engine_client`` has made it, else None: lets an async caller skip the
-    thread hop that the first, model-loading call needs (it costs up to a GIL switch interval)."""
+    thread hop that the first call may need (it costs up to a GIL switch interval)."""
     return _client
 
 

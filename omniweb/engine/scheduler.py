@@ -19,7 +19,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from omniweb.errors import EngineError, ErrorKind, engine_end, kind_of
+from omniweb.errors import (
+    CAPACITY_MESSAGE,
+    STARTING_MESSAGE,
+    EngineError,
+    ErrorKind,
+    engine_end,
+    kind_of,
+    unavailable_message,
+)
 
 from .contracts import DONE, WAITING, Loop, Pipeline, StepResult, WaitFor, WorkPlan
 
@@ -33,14 +41,17 @@ STREAM_GUARD = 0.1  # seconds: a playing stream this close to running dry outran
 # a real-time arrival neither waits for a batch step nor shares the machine with new ones.
 BATCH_PRIORITY = "batch"
 MAX_INSTANT_WAKES = 8  # a WaitFor woken at once this many times in a row without a plan is a loop bug
+COST_SMOOTHING = 0.2  # weight of the newest sample in a pipeline's measured costs (an EWMA)
+MIN_CAPACITY_SHARE = 0.05  # of the workers: what the wait estimate assumes is left when streams take all
 
 
 class AdmissionError(RuntimeError):
     """The engine's queue is full (or the engine is stopped); the request was not accepted."""
 
-    def __init__(self, message: str, kind: ErrorKind = ErrorKind.CAPACITY) -> None:
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.CAPACITY, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.kind = kind
+        self.retry_after = retry_after  # seconds after which a retry may be admitted (load shedding)
 
 
 @dataclass(eq=False)
@@ -66,12 +77,26 @@ class _Job:
     media_seconds: float = 0.0
     finished: bool = False
     batch: bool = field(init=False)  # batch priority: fixed at submit, read on every pick
+    tenant: str | None = field(init=False)  # who asked (an API token, a client address): fair ordering
+    # Fair share: a tenant's n-th request still before its first media aims that much later (the
+    # measured first-media cost over the workers, times n), so one client's burst cannot hold a
+    # later client's first audio behind all of it.
+    fair_delay: float = 0.0
+    work_seconds: float = 0.0  # worker time its steps took (a batched step's time shared out)
+    first_work: float | None = None  # work_seconds at its first media
+    first_media_seconds: float = 0.0  # media its first media step carried
     # Its loops may have a new step to offer (activated, a step of it ended, a waiting loop woken):
     # a pick asks only such requests' loops, not every active request's every time.
     stale: bool = True
 
     def __post_init__(self) -> None:
         self.batch = self.request.get("priority") == BATCH_PRIORITY
+        tenant = self.request.get("tenant")
+        self.tenant = tenant if isinstance(tenant, str) and tenant else None
+
+    def first_deadline(self, first_media_budget: float) -> float:
+        """Where its first media is aimed (before the stream guard): the order new requests start in."""
+        return self.submitted_at + first_media_budget + self.fair_delay
 
     def deadline(self, plan: WorkPlan, first_media_budget: float, now: float) -> float:
         """Wall-clock time by which ``plan`` must have run for the listener to hear no gap.
@@ -84,7 +109,7 @@ class _Job:
         """
         due = self.media_seconds if plan.due is None else plan.due
         if self.first_media_at is None:
-            return max(self.submitted_at + first_media_budget, now + STREAM_GUARD) + due
+            return max(self.first_deadline(first_media_budget), now + STREAM_GUARD) + due
         return self.first_media_at + due
 
     def ready_at(self, plan: WorkPlan, settle: float) -> float | None:
@@ -121,6 +146,7 @@ class SchedulerStats:
     steps_total: int
     batches_total: int
     batched_steps_total: int
+    pipelines: dict[str, str] = field(default_factory=dict)  # name -> "loading" | "ready" | "failed"
 
 
 class Scheduler:
@@ -138,9 +164,17 @@ class Scheduler:
         first_media_budget: float = 0.15,
         max_ahead: float = 0.0,
         first_media_settle: float = 0.0,
+        admit_budget: float = 0.0,
         on_batch: Callable[[str, int], None] | None = None,
     ) -> None:
-        self._pipelines = pipelines
+        self._pipelines = dict(pipelines)
+        self._loading: set[str] = set()  # announced, models still loading: requests hear "starting"
+        self._failed: dict[str, str] = {}  # name -> why its models failed to load
+        # Load shedding: a request whose first media is estimated to come later than this (seconds)
+        # is refused at once (0: admit by the counts alone).
+        self._admit_budget = max(0.0, admit_budget)
+        self._first_cost: dict[str, float] = {}  # per pipeline: worker seconds until a request's first media
+        self._media_cost: dict[str, float] = {}  # per pipeline: worker seconds per media second after it
         self._n_workers = max(1, workers)
         self._max_active = max(1, max_active)
         self._max_queued = max(0, max_queued)
@@ -192,10 +226,49 @@ class Scheduler:
             t.join(timeout=5)
         self._threads = []
 
+    # -- pipelines ------------------------------------------------------------------------------
+    def pipeline_loading(self, name: str) -> None:
+        """``name``'s models are loading: its requests are refused as ``starting`` until it is added."""
+        with self._cond:
+            self._loading.add(name)
+
+    def add_pipeline(self, name: str, pipeline: Pipeline) -> None:
+        with self._cond:
+            self._pipelines[name] = pipeline
+            self._loading.discard(name)
+            self._failed.pop(name, None)
+            self._cond.notify_all()
+
+    def pipeline_failed(self, name: str, reason: str) -> None:
+        """``name`` could not load: its requests are refused as ``unavailable``; the others serve."""
+        with self._cond:
+            self._loading.discard(name)
+            self._failed[name] = reason
+            self._cond.notify_all()
+
+    def pipeline_state(self, name: str) -> str | None:
+        """ "ready", "loading", "failed", or None for a name never announced."""
+        with self._cond:
+            return self._state_of(name)
+
+    def _state_of(self, name: str) -> str | None:
+        if name in self._pipelines:
+            return "ready"
+        if name in self._loading:
+            return "loading"
+        return "failed" if name in self._failed else None
+
     # -- requests -------------------------------------------------------------------------------
     def submit(self, request_id: str, request: dict[str, Any], sink: Sink) -> None:
-        """Admit a request or raise ``AdmissionError`` (queue full) / ``ValueError`` (bad request)."""
-        pipeline = self._pipelines.get(request.get("pipeline", ""))
+        """Admit a request or raise ``AdmissionError`` (full, starting, unavailable) / ``ValueError``."""
+        name = request.get("pipeline", "")
+        with self._cond:
+            pipeline = self._pipelines.get(name)
+            state = None if pipeline is not None else self._state_of(name)
+        if state == "loading":
+            raise AdmissionError(STARTING_MESSAGE, ErrorKind.STARTING)
+        if state == "failed":
+            raise AdmissionError(unavailable_message(name), ErrorKind.UNAVAILABLE)
         if pipeline is None:
             raise ValueError(f"unknown pipeline {request.get('pipeline')!r}")
         pipeline.validate(request)
@@ -205,6 +278,7 @@ class Scheduler:
                 raise AdmissionError("engine is not running", ErrorKind.UNREACHABLE)
             if request_id in self._active or any(j.request_id == request_id for j in self._queued):
                 raise ValueError(f"duplicate request id {request_id!r}")
+            self._admit(job)
             if len(self._active) < self._max_active:
                 self._activate(job)
             elif len(self._queued) < self._max_queued:
@@ -234,6 +308,9 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         with self._cond:
+            states = {name: "ready" for name in self._pipelines}
+            states.update({name: "loading" for name in self._loading})
+            states.update({name: "failed" for name in self._failed})
             return SchedulerStats(
                 active=len(self._active),
                 queued=len(self._queued),
@@ -241,7 +318,64 @@ class Scheduler:
                 steps_total=self._steps_total,
                 batches_total=self._batches_total,
                 batched_steps_total=self._batched_steps_total,
+                pipelines=states,
             )
+
+    def estimated_waits(self) -> dict[str, float]:
+        """Per ready pipeline: the estimated seconds until a new request's first media (no tenant)."""
+        with self._cond:
+            now = time.monotonic()
+            return {
+                name: round(self._estimate(name, now + self._budget), 3)
+                for name in self._pipelines
+                if name in self._first_cost
+            }
+
+    # -- admission (called with the lock held) ----------------------------------------------------
+    def _admit(self, job: _Job) -> None:
+        """Place a real-time request in its tenant's fair order, and refuse it when its first media
+        is estimated to come later than the admission budget (the engine cannot start it in time).
+
+        The estimate is the first-media work of every request that would start before it (earlier
+        first deadlines) plus its own, over the workers that the playing streams leave free, from
+        each pipeline's measured costs. A pipeline with no measurement yet admits by the counts.
+        """
+        if job.batch:
+            return
+        name = job.pipeline.name
+        cost = self._first_cost.get(name)
+        if job.tenant is not None and cost is not None:
+            ahead = sum(
+                1
+                for j in (*self._active.values(), *self._queued)
+                if j.tenant == job.tenant and not j.batch and j.first_media_at is None
+            )
+            job.fair_delay = ahead * cost / self._n_workers
+        if self._admit_budget <= 0 or cost is None or not getattr(job.pipeline, "shed", True):
+            return
+        wait = self._estimate(name, job.first_deadline(self._budget), cost)
+        if wait > self._admit_budget:
+            raise AdmissionError(CAPACITY_MESSAGE, ErrorKind.CAPACITY, retry_after=wait - self._admit_budget)
+
+    def _estimate(self, name: str, deadline: float, own: float | None = None) -> float:
+        """Seconds until the first media of a ``name`` request aimed at ``deadline``."""
+        ahead = 0.0
+        streams = 0.0
+        for j in (*self._active.values(), *self._queued):
+            if j.finished or j.batch:
+                continue
+            if j.first_media_at is None:
+                if j.first_deadline(self._budget) <= deadline:
+                    ahead += max(0.0, self._first_cost.get(j.pipeline.name, 0.0) - j.work_seconds)
+            else:
+                streams += self._media_cost.get(j.pipeline.name, 0.0)
+        free = max(self._n_workers - streams, self._n_workers * MIN_CAPACITY_SHARE)
+        own_cost = self._first_cost.get(name, 0.0) if own is None else own
+        return ahead / free + own_cost
+
+    def _learn(self, table: dict[str, float], name: str, sample: float) -> None:
+        old = table.get(name)
+        table[name] = sample if old is None else old + COST_SMOOTHING * (sample - old)
 
     # -- internals (called with the lock held unless noted) ---------------------------------------
     def _activate(self, job: _Job) -> None:
@@ -423,8 +557,21 @@ class Scheduler:
             return
         job.finished = True
         self._active.pop(job.request_id, None)
+        self._learn_costs(job)
         self._promote()
         self._emit(job, {"type": "end", "status": "ok", **final})
+
+    def _learn_costs(self, job: _Job) -> None:
+        """A finished request's measured costs: all its work when it made no media (a transcription),
+        else the work per second of media after its first."""
+        name = job.pipeline.name
+        if job.first_work is None:
+            if not job.batch:
+                self._learn(self._first_cost, name, job.work_seconds)
+            return
+        media = job.media_seconds - job.first_media_seconds
+        if media > 0:
+            self._learn(self._media_cost, name, (job.work_seconds - job.first_work) / media)
 
     def _fail(self, job: _Job, kind: ErrorKind = ErrorKind.ENGINE, message: str = "generation failed") -> None:
         job.finished = True
@@ -474,7 +621,9 @@ class Scheduler:
                 self._batch_workers += batch_worker
                 long_worker = any(p is not None and p.long for p in plans)
                 self._long_workers += long_worker
+            started = time.monotonic()
             results, errors = self._run(plans)  # device work: outside the lock
+            share = (time.monotonic() - started) / len(batch)
             with self._cond:
                 self._running_steps -= len(batch)
                 self._batch_workers -= batch_worker
@@ -488,6 +637,7 @@ class Scheduler:
                 for i, (job, e) in enumerate(batch):
                     e.busy = False
                     job.stale = True
+                    job.work_seconds += share
                     if job.finished:
                         continue  # cancelled while the step ran: drop its output
                     error, result = errors[i], results[i]
@@ -534,6 +684,9 @@ class Scheduler:
         if result.media_seconds:
             if job.first_media_at is None:
                 job.first_media_at = time.monotonic()
+                job.first_work = job.work_seconds
+                job.first_media_seconds = result.media_seconds
+                self._learn(self._first_cost, job.pipeline.name, job.work_seconds)
             job.media_seconds += result.media_seconds
         for chunk in result.chunks:
             self._emit(job, chunk)

@@ -26,7 +26,7 @@ from channels.worker import Worker
 from django.conf import settings
 
 from omniweb.errors import ErrorKind, engine_end
-from omniweb.metrics import WORKER_KEY_PREFIX, serve_worker_metrics, worker_record
+from omniweb.metrics import WORKER_KEY_PREFIX, engine_record, serve_worker_metrics
 from omniweb.sessions import spawn
 
 from .client import admission_end
@@ -40,7 +40,7 @@ from .dispatch import (
     send_with_retry,
     split_for_layer,
 )
-from .runtime import get_scheduler
+from .runtime import engine_status, get_scheduler, start_engine
 from .scheduler import AdmissionError
 
 logger = logging.getLogger(__name__)
@@ -185,10 +185,16 @@ class EngineWorker(Worker):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
         heartbeat = asyncio.ensure_future(publish_heartbeat())
-        listeners = [asyncio.ensure_future(self.listener(channel)) for channel in self.channels]
         stop_wait = asyncio.ensure_future(stopping.wait())
+        listeners: list[asyncio.Future[None]] = []
         try:
-            await asyncio.wait([stop_wait, *listeners], return_when=asyncio.FIRST_COMPLETED)
+            # Requests wait in Redis for a worker whose models are loaded: this one takes none before.
+            loaded = asyncio.ensure_future(asyncio.to_thread(get_scheduler))
+            await asyncio.wait([stop_wait, loaded], return_when=asyncio.FIRST_COMPLETED)
+            if not stopping.is_set():
+                logger.info("models loaded: taking requests from %s", ", ".join(self.channels))
+                listeners = [asyncio.ensure_future(self.listener(channel)) for channel in self.channels]
+                await asyncio.wait([stop_wait, *listeners], return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop_wait.cancel()
             for task in listeners:  # no new requests: Redis keeps them for the other workers
@@ -224,7 +230,7 @@ class EngineWorker(Worker):
 
 async def drain(seconds: float) -> None:
     """Let running requests finish for ``seconds``, then end the rest with an error, and deliver."""
-    scheduler = get_scheduler()
+    scheduler = start_engine()  # never waits for models still loading (a worker stopped during its load)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         stats = scheduler.stats()
@@ -247,10 +253,10 @@ async def publish_heartbeat() -> None:
     client = redis.from_url(settings.REDIS_URL)
     key = WORKER_KEY_PREFIX + worker_id()
     ttl = max(2, int(settings.ENGINE_LEASE_SECONDS) + 2)
-    scheduler = get_scheduler()
+    scheduler = start_engine()  # while the models load too: the web tier sees a worker not yet ready
     try:
         while True:
-            value = worker_record(worker_id(), scheduler.stats())
+            value = engine_record(worker_id(), scheduler, engine_status())
             try:
                 await client.set(key, json.dumps(value), ex=ttl)
             except Exception:

@@ -1,4 +1,4 @@
-"""``runworker`` with omniweb's resilient engine worker (models load before the first request)."""
+"""``runworker`` with omniweb's resilient engine worker (its models load before it takes requests)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from channels.management.commands.runworker import Command as ChannelsRunworker
 from django.conf import settings
 from django.core.management.base import CommandError
 
-from omniweb.engine.runtime import get_scheduler
+from omniweb.engine.runtime import start_engine
 from omniweb.engine.worker import EngineWorker
 
 
@@ -19,5 +19,7 @@ class Command(ChannelsRunworker):
         if not settings.REDIS_URL:
             raise CommandError("runworker needs OMNIWEB_REDIS_URL: workers and daphne meet on Redis")
         if settings.ENGINE_CHANNEL in options["channels"]:
-            get_scheduler()  # load the models now, not on the first request
+            # Load the models now, not on the first request; the worker publishes its heartbeat
+            # (not ready yet) meanwhile and listens for requests once they are loaded.
+            start_engine()
         super().handle(*args, **options)
