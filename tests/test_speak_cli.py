@@ -1,16 +1,19 @@
 """``manage.py speak`` as a command-line tool: bad input refused in one line, files written fast.
 
-Refusals happen before any connection, so most cases need no server; one case runs against a live
-daphne to show the batch priority the command asks for is accepted end to end.
+Refusals happen before any connection, so most cases need no server; two run against a live daphne:
+the batch priority the command asks for is accepted end to end, and ``--timestamps`` prints times on
+the written file's timeline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import wave
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -65,21 +68,54 @@ def test_writing_a_file_asks_for_batch_priority_unless_realtime():
     assert "priority" not in Command._session_config({**opts, "realtime": True})
 
 
-def test_speak_writes_a_file_at_batch_priority_on_a_paced_server(tmp_path):
-    """A paced server (as deployed) takes the command's batch priority and returns the whole file."""
+@pytest.fixture(scope="module")
+def paced_server() -> Iterator[str]:
+    """daphne with pacing on (as deployed); yields its base URL."""
     port = free_port()
     args = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "omniweb.asgi:application"]
     with live_server(args, port, OMNIWEB_ENGINE_MAX_AHEAD_SECONDS="1") as base:
-        out = tmp_path / "two.wav"
-        text = "The first sentence is here. And this is the second one, a little longer than the first."
-        result = speak(text, "-o", str(out), "--url", base.replace("http://", "ws://"))
+        yield base
+
+
+def test_speak_writes_a_file_at_batch_priority_on_a_paced_server(tmp_path, paced_server):
+    """A paced server (as deployed) takes the command's batch priority and returns the whole file."""
+    out = tmp_path / "two.wav"
+    text = "The first sentence is here. And this is the second one, a little longer than the first."
+    result = speak(text, "-o", str(out), "--url", paced_server.replace("http://", "ws://"))
+    assert result.returncode == 0, result.stderr
+    assert "sentence 1:" in result.stdout
+    with wave.open(str(out)) as w:
+        assert w.getframerate() == 24000 and w.getnframes() > 24000 * 3
+    assert asyncio.run(first_reply(paced_server, {"priority": "urgent"}))["message"].startswith(
+        "Invalid session config: priority"
+    )
+
+
+def printed_words(stdout: str) -> list[tuple[int, int, str]]:
+    """The ``--timestamps`` lines: (start ms, end ms, word)."""
+    words = [re.fullmatch(r"\s+(\d+) - +(\d+) ms  (.+)", line) for line in stdout.splitlines()]
+    return [(int(m[1]), int(m[2]), m[3]) for m in words if m]
+
+
+def test_timestamps_are_on_the_written_files_timeline(tmp_path, paced_server):
+    """Sentence by sentence (the default split), the words are where they sound in the one file: the
+    times the server gives for the same seeded audio spoken as one sentence (``--split none``)."""
+    url = paced_server.replace("http://", "ws://")
+    text = "The first sentence is here. And then a second one. A third ends it."
+    runs = {}
+    for split in ("sentence", "none"):
+        out = tmp_path / f"{split}.wav"
+        result = speak(text, "-o", str(out), "--url", url, "--timestamps", "--seed", "3", "--split", split)
         assert result.returncode == 0, result.stderr
-        assert "sentence 1:" in result.stdout
         with wave.open(str(out)) as w:
-            assert w.getframerate() == 24000 and w.getnframes() > 24000 * 3
-        assert asyncio.run(first_reply(base, {"priority": "urgent"}))["message"].startswith(
-            "Invalid session config: priority"
-        )
+            runs[split] = result.stdout, w.readframes(w.getnframes())
+    (by_sentence, pcm), (as_one, whole_pcm) = runs["sentence"], runs["none"]
+    assert "sentence 2:" in by_sentence and "sentence 1:" not in as_one
+    assert pcm == whole_pcm  # the same audio either way
+    words = printed_words(by_sentence)
+    assert [w for _, _, w in words] == text.split()
+    assert words == printed_words(as_one)
+    assert words[-1][1] <= round(len(pcm) / 2 / 24000 * 1000)
 
 
 async def first_reply(base: str, fields: dict[str, object]) -> dict[str, object]:

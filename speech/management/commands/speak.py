@@ -1,6 +1,7 @@
 """``manage.py speak``: a protocol client for a running omniweb server.
 
-Streams the text, writes the audio it gets back (WAV or raw PCM) and can print word timestamps.
+Streams the text, writes the audio it gets back (WAV or raw PCM) and can print word timestamps
+(times in the written file, so a subtitle made from them lines up).
 It talks to the server over a real WebSocket, so it is also a quick end-to-end check. With
 ``--codec`` it asks for codec tokens (``output_mode: "codec_tokens"``) and decodes them here with
 the same codec module the server uses. It writes a file and nobody listens while it runs, so it asks
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 from django.core.management.base import BaseCommand, CommandError
 
-from speech.protocol import SAMPLE_RATE
+from speech.protocol import SAMPLE_RATE, samples_to_ms
 from speech.text import split_text
 
 
@@ -34,7 +35,7 @@ class Command(BaseCommand):
         parser.add_argument("-o", "--output", required=True, help="file to write")
         parser.add_argument("--url", default="ws://127.0.0.1:8000", help="server base URL (ws:// or wss://)")
         parser.add_argument("--format", choices=["wav", "pcm"], default="wav", help="file format to write")
-        parser.add_argument("--timestamps", action="store_true", help="print word timestamps")
+        parser.add_argument("--timestamps", action="store_true", help="print word timestamps (on the file's timeline)")
         parser.add_argument("--voice", default=None)
         parser.add_argument("--seed", type=int, default=None)
         parser.add_argument("--speed", type=float, default=1.0, help="0.25-4.0 (not streamed when != 1)")
@@ -130,17 +131,21 @@ class Command(BaseCommand):
             config["word_timestamps"] = True
         audio = bytearray()
         first: float | None = None
+        offset_ms = 0  # where the sentence now arriving begins in the file
         async for elapsed, msg in self._utterance(opts, config):
             if isinstance(msg, bytes):
                 first = first or elapsed
                 audio += msg
             elif msg["type"] == "audio.start":
+                offset_ms = samples_to_ms(len(audio))
                 self.stdout.write(f"sentence {msg['sentence_index']}: {msg['sentence_text']}")
             elif msg["type"] == "audio.chunk":
                 first = first or elapsed
                 audio += base64.b64decode(msg["audio_b64"])
+                # The server's word times start at each sentence; the file runs the sentences on.
                 for word in msg["timestamps"] or []:
-                    self.stdout.write(f"  {word['start_ms']:>6} - {word['end_ms']:>6} ms  {word['word']}")
+                    start, end = word["start_ms"] + offset_ms, word["end_ms"] + offset_ms
+                    self.stdout.write(f"  {start:>6} - {end:>6} ms  {word['word']}")
         if first is not None:
             self.stdout.write(f"time to first audio: {first * 1000:.0f} ms")
         return bytes(audio)
