@@ -33,6 +33,12 @@ from channels.testing import WebsocketCommunicator
 # stream at most 30 s ahead of real-time playback, which would make long-flush tests take minutes.
 # Pacing itself is tested on purpose-built schedulers (test_engine_scheduler, test_engine_tts).
 os.environ["OMNIWEB_ENGINE_MAX_AHEAD_SECONDS"] = "0"
+# A test that restarts the engine (a fresh runtime) must not see "starting" because the models
+# load slowly on a busy CI box: its requests wait for them. The readiness tests set their own wait.
+os.environ["OMNIWEB_ENGINE_READY_WAIT_SECONDS"] = "120"
+# No load shedding either: on a busy CI box the estimated first-audio wait of a test's burst of
+# sessions can pass the 2 s budget. Shedding is tested on schedulers built for it (test_speech_admission).
+os.environ["OMNIWEB_ENGINE_ADMIT_BUDGET_MS"] = "0"
 
 SPEECH_PATH = "/v1/audio/speech/stream"
 RECEIVE_TIMEOUT = 20.0  # generous: a slow CI box still answers a short flush in well under a second
@@ -249,6 +255,8 @@ def pytest_configure(config: pytest.Config) -> None:
     from django.conf import settings
 
     settings.ENGINE_MAX_AHEAD_SECONDS = 0.0
+    settings.ENGINE_READY_WAIT_SECONDS = 120.0
+    settings.ENGINE_ADMIT_BUDGET_MS = 0.0
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,8 @@ What the parts are for:
 - Images (``input_image`` parts) enter the core's ``FrameBuffer``: the video endpoint's decoding
   guards, similarity filter and limits; a response looks at the latest of them.
 - Input audio (PCM16 24 kHz) goes to the core's ``Listener``: its ``AudioBuffer`` at 24 kHz and, with
-  ``server_vad``, ``omniweb.vad.VoiceActivity`` (Silero on the engine, fed 16 kHz by the core):
+  ``server_vad``, ``omniweb.vad.VoiceActivity`` (Silero on the engine, fed 16 kHz by the core; with
+  ``semantic_vad``, ``SemanticVoiceActivity``, whose pauses the engine's end-of-turn model judges):
   ``speech_started`` during a response cancels it (``interrupt_response``); ``speech_stopped`` commits
   the speech as a user item and, with ``create_response``, starts a response. The Listener also
   transcribes the speech early, at a silence inside it, so the question is usually transcribed by
@@ -68,7 +69,7 @@ from omniweb.openai_api.protocol import voice_table
 from omniweb.openai_api.transcribe import PIPELINE as TRANSCRIBE_PIPELINE
 from omniweb.protocol import dumps
 from omniweb.sessions import SessionClock, SessionConsumer, spawn
-from omniweb.vad import SpeechStarted, SpeechStopped, VadParams, VoiceActivity
+from omniweb.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, VadParams, VoiceActivity
 from speech.tts.model import capabilities
 from video.frames import FrameError
 from video.protocol import DEFAULT_FRAME_FILTER_THRESHOLD
@@ -77,6 +78,9 @@ from . import protocol as P
 from .protocol import RealtimeError
 
 logger = logging.getLogger(__name__)
+# Kinds of a response the engine refused outright (overloaded, still loading, its models broken):
+# besides the failed ``response.done``, the client gets an ``error`` event saying so.
+REFUSED = frozenset({ErrorKind.CAPACITY, ErrorKind.STARTING, ErrorKind.UNAVAILABLE})
 
 ENDPOINT = "/v1/realtime"
 SUBPROTOCOL = "realtime"  # what OpenAI's browser clients offer next to openai-insecure-api-key.<token>
@@ -236,8 +240,12 @@ class RealtimeConsumer(SessionConsumer):
         if td is None:
             self.listener.listen_with(None)
             return
-        params = VadParams(td.threshold, td.prefix_padding_ms, td.silence_duration_ms)
-        self.listener.listen_with(VoiceActivity(self.engine, params, sample_rate=P.SAMPLE_RATE))
+        if isinstance(td, P.SemanticVad):
+            vad: VoiceActivity = SemanticVoiceActivity(self.engine, td.eagerness, sample_rate=P.SAMPLE_RATE)
+        else:
+            params = VadParams(td.threshold, td.prefix_padding_ms, td.silence_duration_ms)
+            vad = VoiceActivity(self.engine, params, sample_rate=P.SAMPLE_RATE)
+        self.listener.listen_with(vad)
         self.vad_item_id = None
 
     # -- input audio -------------------------------------------------------------------------------
@@ -588,6 +596,8 @@ class RealtimeConsumer(SessionConsumer):
             else:
                 message = event.message or "The response failed"
                 code = event.kind.value if event.kind is not None else "server_error"
+                if event.kind in REFUSED:  # the engine did not take it: say so as an error too
+                    await self.refuse(RealtimeError(message, code=code, type="server_error"), event.kind)
                 await self._finish(running, "failed", P.failed(message, code))
 
     async def _cancel(self, details: dict[str, Any]) -> None:
