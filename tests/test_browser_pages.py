@@ -82,9 +82,85 @@ def wait_state(pg: Any, states: str, timeout: float = 30_000) -> str:
 def test_index_links_pages_and_shows_health(page, base_url):
     page.goto(base_url + "/")
     page.wait_for_selector("#health[data-state='ok']", timeout=15_000)
-    assert "Ready" in page.locator("#health-text").text_content()
+    assert page.locator("#health-text").text_content() == "Ready: the server is up and can take work."
+    assert "first request" not in page.locator("#health-details").text_content()  # the models load at start
     assert page.locator("a[href='/speech/']").count() >= 1 and page.locator("a[href='/video/']").count() >= 1
     shot(page, "index")
+
+
+def health(status: str, loading: list[str], failed: dict[str, str]) -> dict[str, Any]:
+    """A ``/healthz`` body of the embedded engine (five pipelines) in ``status``."""
+    names = ["audio.vad", "speech.tts", "speech.codec", "video.turn", "audio.transcribe"]
+    state = {"ready": "ready", "degraded": "degraded", "starting": "loading", "unavailable": "failed"}[status]
+    pipelines = {
+        name: {
+            "state": "loading" if name in loading else "failed" if name in failed else "ready",
+            "error": failed.get(name),
+            "load_seconds": None if name in loading or name in failed else 1.5,
+        }
+        for name in names
+    }
+    ready = status in ("ready", "degraded")
+    engine = {"mode": "embedded", "state": state, "loading": loading, "failed": failed, "pipelines": pipelines}
+    engine |= {"workers_up": 1, "workers_ready": int(ready), "active": 0, "queued": 0, "running_steps": 0}
+    layer = {"backend": "InMemoryChannelLayer", "reachable": True}
+    return {"ok": ready, "ready": ready, "status": status, "channel_layer": layer, "workers": [], "engine": engine}
+
+
+def test_index_says_the_models_are_loading_then_ready_without_a_reload(page, base_url):
+    """While the server starts (503) the page names what loads and asks again until it is ready."""
+    answers = [health("starting", ["speech.tts", "video.turn"], {}), health("starting", ["video.turn"], {})]
+    served: list[str] = []
+
+    def healthz(route: Any) -> None:
+        body = answers.pop(0) if answers else health("ready", [], {})
+        served.append(body["status"])
+        route.fulfill(status=200 if body["ready"] else 503, content_type="application/json", body=json.dumps(body))
+
+    page.route("**/healthz", healthz)
+    page.goto(base_url + "/")
+    page.wait_for_selector("#health[data-state='starting']", timeout=15_000)
+    assert page.locator("#health-text").text_content().startswith("Starting: loading models (")
+    shot(page, "index-starting")
+    page.wait_for_selector("#health[data-state='ok']", timeout=15_000)
+    assert served == ["starting", "starting", "ready"]  # re-checked until ready, then no more
+    assert page.locator("#health-text").text_content() == "Ready: the server is up and can take work."
+    assert "5 of 5 loaded" in page.locator("#health-details").text_content()
+
+
+REDIS_DOWN = {"backend": "channels_redis.core.RedisChannelLayer", "reachable": False}
+
+
+@pytest.mark.parametrize(
+    ("body", "state", "words"),
+    [
+        (
+            health("starting", ["speech.tts", "video.turn"], {}),
+            "starting",
+            "Starting: loading models (speech.tts, video.turn…)",
+        ),
+        (
+            health("degraded", [], {"video.turn": "No module named 'mediapipe'"}),
+            "degraded",
+            "Degraded: video.turn is unavailable (No module named 'mediapipe'); the other endpoints serve.",
+        ),
+        (
+            {**health("unavailable", [], {}), "channel_layer": REDIS_DOWN},
+            "down",
+            "Not ready: the channel layer (Redis) does not answer.",
+        ),
+    ],
+)
+def test_index_says_in_words_what_healthz_says(page, base_url, body, state, words):
+    page.route(
+        "**/healthz",
+        lambda route: route.fulfill(
+            status=200 if body["ready"] else 503, content_type="application/json", body=json.dumps(body)
+        ),
+    )
+    page.goto(base_url + "/")
+    page.wait_for_selector(f"#health[data-state='{state}']", timeout=15_000)
+    assert page.locator("#health-text").text_content() == words
 
 
 def test_pages_run_under_their_csp(browser, base_url):

@@ -1,8 +1,16 @@
-// The start page: the server's health from /healthz, in words.
+// The start page: the server's readiness from /healthz, in words.
+//
+// /healthz answers 503 while the models load or when nothing can serve, with the same JSON body as
+// its 200, so the page reads the body whatever the status. While the server starts it asks again
+// every second, so the page turns to "Ready" without a reload.
+
+const RECHECK_MS = 1000;
 
 const box = document.getElementById("health");
 const text = document.getElementById("health-text");
 const details = document.getElementById("health-details");
+let recheck = null; // the pending re-check while the server starts
+let latest = 0; // the newest check: an older answer arriving late is dropped
 
 function fact(term, value) {
   const dt = document.createElement("dt");
@@ -12,37 +20,80 @@ function fact(term, value) {
   return [dt, dd];
 }
 
-async function check() {
-  box.dataset.state = "checking";
-  text.textContent = "Checking…";
+// "a (why), b (why)": each failed pipeline with the reason it gave.
+function failures(failed, verb) {
+  return Object.entries(failed || {})
+    .map(([name, reason]) => (reason ? `${name} ${verb} (${reason})` : `${name} ${verb}`))
+    .join(", ");
+}
+
+// [pill state, sentence] for a /healthz body.
+function describe(body) {
+  const engine = body.engine || {};
+  switch (body.status) {
+    case "ready":
+      return ["ok", "Ready: the server is up and can take work."];
+    case "degraded":
+      return ["degraded", `Degraded: ${failures(engine.failed, "is unavailable")}; the other endpoints serve.`];
+    case "starting": {
+      const loading = engine.loading || [];
+      const which = loading.length ? ` (${loading.join(", ")}…)` : "…";
+      return ["starting", `Starting: loading models${which}`];
+    }
+    default:
+      if (!body.channel_layer?.reachable) return ["down", "Not ready: the channel layer (Redis) does not answer."];
+      if (engine.mode === "redis" && !engine.workers_up) return ["down", "Not ready: no engine worker is up."];
+      if (Object.keys(engine.failed || {}).length) {
+        return ["down", `Not ready: ${failures(engine.failed, "failed to load")}.`];
+      }
+      return ["down", "Not ready: the engine cannot serve."];
+  }
+}
+
+// "4 of 5 loaded, 1 failed", or nothing before the engine lists its pipelines.
+function models(engine) {
+  const states = Object.values(engine.pipelines || {}).map((p) => p.state);
+  if (!states.length) return null;
+  const count = (state) => states.filter((s) => s === state).length;
+  const failed = count("failed");
+  return `${count("ready")} of ${states.length} loaded${failed ? `, ${failed} failed` : ""}`;
+}
+
+async function check({ quiet = false } = {}) {
+  clearTimeout(recheck);
+  recheck = null;
+  const mine = ++latest;
+  if (!quiet) {
+    box.dataset.state = "checking";
+    text.textContent = "Checking…";
+  }
   let body;
   try {
     const response = await fetch("/healthz", { cache: "no-store" });
     body = await response.json();
   } catch (err) {
+    if (mine !== latest) return;
     box.dataset.state = "down";
     text.textContent = `The server did not answer (${err.message}).`;
     details.hidden = true;
     return;
   }
+  if (mine !== latest) return;
   const engine = body.engine || {};
-  box.dataset.state = body.ok ? "ok" : "down";
-  if (body.ok) {
-    text.textContent = "Ready: the server is up and can take work.";
-  } else if (!body.channel_layer?.reachable) {
-    text.textContent = "Not ready: the channel layer (Redis) does not answer.";
-  } else {
-    text.textContent = "Not ready: no engine worker is up.";
+  const [state, sentence] = describe(body);
+  box.dataset.state = state;
+  text.textContent = sentence;
+  const facts = fact("Engine", engine.mode === "redis" ? "workers over Redis" : "in this process");
+  const loaded = models(engine);
+  if (loaded) facts.push(...fact("Models", loaded));
+  if (engine.mode === "redis") {
+    facts.push(...fact("Workers up / ready", `${engine.workers_up ?? 0} / ${engine.workers_ready ?? 0}`));
   }
-  const mode = engine.mode === "redis" ? "workers over Redis" : "in this process";
-  const started = engine.mode === "redis" || engine.local_started ? "" : " (starts with the first request)";
-  details.replaceChildren(
-    ...fact("Engine", `${mode}${started}`),
-    ...fact("Workers up", String(engine.workers_up ?? 0)),
-    ...fact("Requests active / queued", `${engine.active ?? 0} / ${engine.queued ?? 0}`),
-  );
+  facts.push(...fact("Requests active / queued", `${engine.active ?? 0} / ${engine.queued ?? 0}`));
+  details.replaceChildren(...facts);
   details.hidden = false;
+  if (state === "starting") recheck = setTimeout(() => check({ quiet: true }), RECHECK_MS);
 }
 
-document.getElementById("health-refresh").addEventListener("click", check);
+document.getElementById("health-refresh").addEventListener("click", () => check());
 check();
