@@ -129,6 +129,7 @@ def test_index_says_the_models_are_loading_then_ready_without_a_reload(page, bas
 
 
 REDIS_DOWN = {"backend": "channels_redis.core.RedisChannelLayer", "reachable": False}
+IDLE = {"mode": "embedded", "state": "idle", "loading": [], "failed": {}}  # OMNIWEB_ENGINE_PRELOAD=0
 
 
 @pytest.mark.parametrize(
@@ -143,6 +144,11 @@ REDIS_DOWN = {"backend": "channels_redis.core.RedisChannelLayer", "reachable": F
             health("degraded", [], {"video.turn": "No module named 'mediapipe'"}),
             "degraded",
             "Degraded: video.turn is unavailable (No module named 'mediapipe'); the other endpoints serve.",
+        ),
+        (
+            {**health("starting", [], {}), "engine": IDLE},
+            "starting",
+            "Starting: the models load with the first request (OMNIWEB_ENGINE_PRELOAD is off).",
         ),
         (
             {**health("unavailable", [], {}), "channel_layer": REDIS_DOWN},

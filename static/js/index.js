@@ -36,6 +36,9 @@ function describe(body) {
     case "degraded":
       return ["degraded", `Degraded: ${failures(engine.failed, "is unavailable")}; the other endpoints serve.`];
     case "starting": {
+      if (engine.state === "idle") {
+        return ["starting", "Starting: the models load with the first request (OMNIWEB_ENGINE_PRELOAD is off)."];
+      }
       const loading = engine.loading || [];
       const which = loading.length ? ` (${loading.join(", ")}…)` : "…";
       return ["starting", `Starting: loading models${which}`];
