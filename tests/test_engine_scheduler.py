@@ -259,12 +259,12 @@ def test_abort_of_a_queued_request(make_scheduler):
 def test_admission_control_refuses_at_once_when_full(make_scheduler):
     sched, _ = make_scheduler(workers=1, max_active=1, max_queued=1)
     a, b = Collector(), Collector()
-    sched.submit("a", {"pipeline": "count", "steps": 20, "delay": 0.01}, a)
+    sched.submit("a", {"pipeline": "count", "steps": 50, "delay": 0.01}, a)
     sched.submit("b", {"pipeline": "count", "steps": 2}, b)
-    started = time.monotonic()
     with pytest.raises(AdmissionError):
         sched.submit("c", {"pipeline": "count", "steps": 1}, Collector())
-    assert time.monotonic() - started < 0.5
+    # At once: refused while the engine was still full, not after waiting for room.
+    assert not a.ended.is_set() and b.chunks == []
     # The queued request runs once the active one finishes.
     assert a.ended.wait(5) and b.ended.wait(5)
     assert b.chunks[-1]["status"] == "ok"
@@ -340,10 +340,8 @@ def test_batching_window_gathers_plans_that_arrive_within_it(make_scheduler):
 def test_without_a_window_a_lone_request_never_waits(make_scheduler):
     sched, pipeline = make_scheduler(workers=1, max_batch=16)
     sink = Collector()
-    started = time.monotonic()
     sched.submit("solo", {"pipeline": "count", "steps": 3}, sink)
     assert sink.ended.wait(5)
-    assert time.monotonic() - started < 0.5
     assert pipeline.loops[0].batch_sizes == []  # ran alone, not through batch_run
 
 
@@ -368,8 +366,9 @@ def test_paced_streams_stay_a_bounded_time_ahead_of_their_listener(make_schedule
     sched.submit("paced", {"pipeline": "count", "steps": 12}, sink)  # 1.2 s of media, 0.1 s a step
     assert sink.ended.wait(5)
     elapsed = time.monotonic() - started
-    # Unpaced this takes milliseconds; paced, the last step waits until its media is 0.5 s ahead.
-    assert 0.5 < elapsed < 1.5
+    # Unpaced this takes milliseconds; paced, the last step waits until its media is 0.5 s ahead
+    # (a lower bound: a slow machine only adds to it).
+    assert elapsed > 0.5
     ticks = [c for c in sink.chunks if c["type"] == "tick"]
     assert [t["i"] for t in ticks] == list(range(12))
 
@@ -385,13 +384,20 @@ def test_a_request_marked_unpaced_runs_as_fast_as_it_can(make_scheduler):
 
 def test_pacing_does_not_delay_a_second_stream(make_scheduler):
     sched, _ = make_scheduler(workers=1, max_ahead=0.3)
-    slow, fresh = Collector(), Collector()
-    sched.submit("long", {"pipeline": "count", "steps": 40}, slow)  # paced for ~3.7 s
-    time.sleep(0.2)
-    started = time.monotonic()
-    sched.submit("fresh", {"pipeline": "count", "steps": 2}, fresh)
-    assert fresh.ended.wait(1)
-    assert time.monotonic() - started < 0.2
+    order = OrderLog()
+    sched.submit("long", {"pipeline": "count", "steps": 40}, order.sink("long"))  # paced for ~3.7 s
+    while len(order.log) < 4:  # the long stream has run ahead and is now held back by pacing
+        time.sleep(0.01)
+    with order.lock:
+        before = len(order.log)
+    sched.submit("fresh", {"pipeline": "count", "steps": 2}, order.sink("fresh"))
+    assert order.ended["fresh"].wait(5)
+    # The paced stream's waits hold no worker: the new stream's steps ran next, with at most the one
+    # paced step that came due meanwhile in between, and long before the paced stream ended.
+    after = order.log[before:]
+    fresh_at = [i for i, (name, _) in enumerate(after) if name == "fresh"]
+    assert len(fresh_at) == 2 and fresh_at[-1] <= 2, after
+    assert not order.ended["long"].is_set()
     sched.abort("long")
 
 
@@ -427,22 +433,21 @@ def test_a_request_pauses_a_settle_time_after_its_first_media(make_scheduler, se
     sched.submit("r", {"pipeline": "count", "steps": 3, "lookahead": lookahead}, sink)
     assert sink.ended.wait(5)
     first, second, third = pipeline.loops[0].started
-    assert second - first >= settle
-    assert second - first < settle + 0.1
-    assert third - second < 0.1  # once
+    assert second - first >= settle  # the pause (a lower bound: a slow machine only adds to it)
+    if settle:
+        assert third - second < second - first  # once: the next step does not pause again
 
 
 def test_under_load_a_request_is_not_held_back_after_its_first_media(make_scheduler):
     """With other requests' work ready there is no idle CPU to give the delivery: the settle
     would only queue the request's next audio behind that work."""
     sched, _ = make_scheduler(workers=1, first_media_settle=0.5)
-    a, b = Collector(), Collector()
-    start = time.monotonic()
-    sched.submit("a", {"pipeline": "count", "steps": 2, "tag": "a"}, a)
-    sched.submit("b", {"pipeline": "count", "steps": 20, "delay": 0.01, "shape": 2, "tag": "b"}, b)
-    assert a.ended.wait(5)
-    assert time.monotonic() - start < 0.4
-    assert b.ended.wait(5)
+    order = OrderLog()
+    sched.submit("a", {"pipeline": "count", "steps": 2, "tag": "a"}, order.sink("a"))
+    sched.submit("b", {"pipeline": "count", "steps": 20, "delay": 0.01, "shape": 2, "tag": "b"}, order.sink("b"))
+    assert order.ended["a"].wait(5) and order.ended["b"].wait(5)
+    # Held back for the 0.5 s settle, a's second step would come after all of b's (0.2 s of steps).
+    assert order.log.index(("a", 1)) < order.log.index(("b", 19)), order.log
 
 
 def test_batch_priority_is_not_paced(make_scheduler):

@@ -136,13 +136,20 @@ def test_abort_stops_between_steps(engine):
     assert stats.steps_total - steps_before <= 2  # at most the steps already running on the 2 workers
 
 
-def test_first_text_is_quick(engine):
-    """Not a benchmark (bench/video_engine.py measures): just that analysis is not seconds long."""
+def test_the_answer_text_leads_its_audio(engine):
+    """The order of a spoken answer: its first text before any of its audio, and every sentence's
+    audio after that sentence's text. How quickly: bench/video_engine.py."""
     frames = [{"data": f} for f in square_frames([40, 190, 340, 490])]
-    engine.run({"question": "warm", "frames": frames, "modalities": ["text"]})
-    chunks = engine.run({"question": "What do you see?", "frames": frames})
-    first_text = next(t for t, c in chunks if c["type"] == "text")
-    assert first_text < 1.0
+    chunks = [c for _, c in engine.run({"question": "What do you see?", "frames": frames})]
+    kinds = [c["type"] for c in chunks]
+    assert "audio" in kinds and kinds[-1] == "end"
+    assert kinds.index("text") < kinds.index("audio")
+    text_so_far = ""
+    for chunk in chunks:
+        if chunk["type"] == "text":
+            text_so_far += chunk["delta"]
+        elif chunk["type"] == "sentence.start":
+            assert chunk["text"].strip() in text_so_far, (chunk, text_so_far)
 
 
 @pytest.mark.parametrize(

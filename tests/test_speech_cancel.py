@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from conftest import (
@@ -235,9 +234,7 @@ async def test_disconnect_mid_generation_frees_the_engine(connect, config):
     await start_long_utterance(comm)
     await receive_until(comm, lambda m: is_binary(m))
     await comm.disconnect(timeout=5)
-    started = time.monotonic()
-    wait_engine_idle(1.0)
-    assert time.monotonic() - started < 1.0
+    wait_engine_idle(1.0)  # aborted: unaborted, the paced long flush would keep it busy for minutes
 
 
 async def test_disconnect_right_after_flush_frees_the_engine(connect):

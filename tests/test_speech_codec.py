@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import wave
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -330,9 +329,7 @@ async def test_disconnect_mid_stream_frees_the_engine(connect):
     for comm in comms:
         await receive_until(comm, lambda m: isinstance(m, bytes))
         await comm.disconnect(timeout=5)
-    started = time.monotonic()
-    wait_engine_idle(1.0)
-    assert time.monotonic() - started < 1.0
+    wait_engine_idle(1.0)  # aborted: unaborted, the paced long flush would keep it busy for minutes
 
 
 async def test_concurrent_codec_sessions_get_the_same_codes(connect, codec):
