@@ -7,10 +7,12 @@ class OmniwebConfig(AppConfig):
     verbose_name = "omniweb runtime"
 
     def ready(self) -> None:
+        from . import turn_engine, vad_engine
         from .engine.runtime import register_pipeline
-        from .vad_engine import PIPELINE, VadPipeline
 
-        register_pipeline(PIPELINE, VadPipeline)  # Silero VAD loads when the engine starts (workers only)
+        # The models load when the engine starts (workers only): Silero VAD, Smart Turn (semantic_vad).
+        register_pipeline(vad_engine.PIPELINE, vad_engine.VadPipeline)
+        register_pipeline(turn_engine.PIPELINE, turn_engine.TurnPipeline)
         if not settings.DATABASES:
             _drop_database_hooks()
 

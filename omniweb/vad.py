@@ -11,21 +11,33 @@ Times are milliseconds of input audio since the stream began, as OpenAI reports 
 ``audio_start_ms`` is where speech was first detected minus ``prefix_padding_ms`` (not before 0);
 ``audio_end_ms`` is where the stop was decided, i.e. the end of speech plus ``silence_duration_ms``
 (rounded up to a whole window), which is also the end of the audio the turn should use.
+
+``SemanticVoiceActivity`` is OpenAI's ``semantic_vad``: the same VAD finds speech and pauses, and
+at each pause an end-of-turn model (Smart Turn, the engine's ``audio.turn`` pipeline,
+``omniweb.turn_engine``) decides whether the speaker has finished. Finished: the turn stops
+``CHECK_MS`` into the pause; not: the turn goes on until the speaker pauses again (checked again)
+or the silence reaches the eagerness' maximum wait (OpenAI's 8 / 4 / 2 s for low / medium / high).
+Its events and times are ``server_vad``'s; ``audio_end_ms`` is where the stop was decided.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import av
 import numpy as np
 
 from omniweb.engine.client import EngineClient
 from omniweb.errors import EngineError, ErrorKind, end_kind
+from omniweb.turn_engine import PIPELINE as TURN_PIPELINE
+from omniweb.turn_engine import WINDOW_SECONDS as TURN_WINDOW_SECONDS
 from omniweb.vad_engine import MAX_WINDOWS, PIPELINE, SAMPLE_RATE, WINDOW_BYTES, WINDOW_MS
+
+logger = logging.getLogger(__name__)
 
 SAMPLE_RATES = (16_000, 24_000)  # the video protocol's audio.chunk, the Realtime API's audio/pcm
 NEG_THRESHOLD_GAP = 0.15  # Silero's hysteresis: in speech, only probabilities this far below the threshold are silence
@@ -33,6 +45,12 @@ MIN_NEG_THRESHOLD = 0.01
 # Speech must hold this long (above threshold - 0.15) before it starts a turn: a click, a knock or a
 # beep makes one confident window (Chromium's fake microphone beeps reach 0.67), a word makes many.
 MIN_SPEECH_MS = 64
+# semantic_vad: the end-of-turn model scores the turn ending at the pause's start plus each of these.
+# Its score swings by tens of points between ends 32 ms apart (measured on our voice), so one pause
+# gets three windows, in one model call, and the turn ends only when even the lowest says complete.
+TURN_TAILS_MS = (0, 64, 128)
+CHECK_MS = max(TURN_TAILS_MS)  # the pause's audio the check needs: it runs this far into the pause
+BYTES_PER_MS = 2 * SAMPLE_RATE // 1000
 
 
 @dataclass(frozen=True)
@@ -55,6 +73,25 @@ class SpeechStopped:
 
 
 VadEvent = SpeechStarted | SpeechStopped
+
+Eagerness = Literal["low", "medium", "high", "auto"]
+
+
+@dataclass(frozen=True)
+class TurnEagerness:
+    """How sure the end-of-turn model must be, and how long a pause may last before the turn ends
+    anyway (OpenAI's documented maximum waits; the thresholds are ours)."""
+
+    threshold: float  # P(complete) at or above which a pause ends the turn
+    max_wait_ms: int
+
+
+EAGERNESS: dict[str, TurnEagerness] = {
+    "low": TurnEagerness(threshold=0.85, max_wait_ms=8000),
+    "medium": TurnEagerness(threshold=0.7, max_wait_ms=4000),
+    "high": TurnEagerness(threshold=0.5, max_wait_ms=2000),
+    "auto": TurnEagerness(threshold=0.7, max_wait_ms=4000),  # OpenAI: auto is medium
+}
 
 
 class TurnDetector:
@@ -114,6 +151,12 @@ class TurnDetector:
             self._clock = end
         return events
 
+    def stop(self) -> SpeechStopped:
+        """End the speech in progress now (an end-of-turn model decided it has ended)."""
+        self.speaking = False
+        self._silence_from = None
+        return SpeechStopped(audio_end_ms=round(self._clock))
+
     def reset(self, clock_ms: float | None = None) -> None:
         """Forget any speech in progress (no event); ``clock_ms`` moves the clock (skipped audio)."""
         self.speaking = False
@@ -168,8 +211,12 @@ class VoiceActivity:
                 if epoch != self._epoch:  # reset while the call ran: its windows belong to the old turn
                     continue
                 self._state = state
-                events += self.detector.push(probs, window_ms)
+                events += await self._detect(pcm, probs, window_ms, epoch)
         return events
+
+    async def _detect(self, pcm: bytes, probs: Sequence[float], window_ms: float, epoch: int) -> list[VadEvent]:
+        """The events of one call's windows (``pcm``: their 16 kHz audio)."""
+        return self.detector.push(probs, window_ms)
 
     def reset(self) -> None:
         """Start afresh (after input_audio_buffer.clear / commit); the clock keeps running."""
@@ -192,6 +239,79 @@ class VoiceActivity:
         if probs is None:
             raise EngineError(ErrorKind.ENGINE, "the engine returned no speech probabilities")
         return probs, window_ms, state
+
+
+class SemanticVoiceActivity(VoiceActivity):
+    """``semantic_vad``: VoiceActivity whose pauses end the turn when the end-of-turn model (the
+    engine's "audio.turn" pipeline) says the speaker has finished; see the module docstring."""
+
+    def __init__(self, engine: EngineClient, eagerness: Eagerness = "auto", sample_rate: int = 16000) -> None:
+        self.eagerness = EAGERNESS[eagerness]
+        super().__init__(engine, VadParams(silence_duration_ms=self.eagerness.max_wait_ms), sample_rate)
+        self._recent = bytearray()  # the last ``_keep`` bytes of 16 kHz audio the detector has had
+        self._recent_end_ms = 0.0  # where that audio ends on the detector's clock
+        self._keep = (TURN_WINDOW_SECONDS * 1000 + 2 * CHECK_MS) * BYTES_PER_MS
+        self._turn_start_ms = 0.0
+        self._checked: float | None = None  # the pause already checked (where its silence began)
+
+    def reset(self) -> None:
+        super().reset()
+        self._recent.clear()
+        self._checked = None
+
+    async def _detect(self, pcm: bytes, probs: Sequence[float], window_ms: float, epoch: int) -> list[VadEvent]:
+        """Window by window, so that a pause is checked where it is, however the audio was split."""
+        detector = self.detector
+        self._recent_end_ms = detector.clock_ms + 1000.0 * len(pcm) / 2 / SAMPLE_RATE
+        self._recent += pcm
+        del self._recent[: max(0, len(self._recent) - self._keep)]
+        events: list[VadEvent] = []
+        for p in probs:
+            for event in detector.push((p,), window_ms):
+                if isinstance(event, SpeechStarted):
+                    self._turn_start_ms = event.audio_start_ms
+                events.append(event)
+            silence = detector.silence_since_ms
+            if silence is None or silence == self._checked or detector.clock_ms - silence < CHECK_MS:
+                continue
+            self._checked = silence
+            complete = await self._complete(silence)
+            if epoch != self._epoch:  # reset while the model ran: this turn is gone
+                return []
+            if complete and detector.speaking:
+                events.append(detector.stop())
+        return events
+
+    async def _complete(self, silence_ms: float) -> bool:
+        """Whether the speaker has finished at the pause that began at ``silence_ms``. When the model
+        cannot run, the pause is taken as not final: the turn then ends at the maximum wait."""
+        windows = [self._audio(silence_ms + tail) for tail in TURN_TAILS_MS]
+        try:
+            probs = await self._score(windows)
+        except EngineError as exc:
+            logger.warning("end-of-turn model failed (the turn ends at the maximum wait): %s", exc)
+            return False
+        return min(probs) >= self.eagerness.threshold
+
+    def _audio(self, end_ms: float) -> bytes:
+        """The turn's audio up to ``end_ms`` (at most the model's 8 s)."""
+        start_ms = max(self._turn_start_ms, end_ms - TURN_WINDOW_SECONDS * 1000)
+        end = len(self._recent) - round(self._recent_end_ms - end_ms) * BYTES_PER_MS
+        start = max(0, len(self._recent) - round(self._recent_end_ms - start_ms) * BYTES_PER_MS)
+        return bytes(self._recent[start:end])
+
+    async def _score(self, windows: list[bytes]) -> list[float]:
+        probs: list[float] | None = None
+        async for chunk in self._engine.stream({"pipeline": TURN_PIPELINE, "windows": windows}):
+            kind = chunk.get("type")
+            if kind == "turn":
+                probs = [float(p) for p in chunk["probs"]]
+            elif kind == "end" and chunk.get("status") != "ok":
+                message = str(chunk.get("message") or "end-of-turn detection failed")
+                raise EngineError(end_kind(chunk), message, client_message=message)
+        if probs is None or len(probs) != len(windows):
+            raise EngineError(ErrorKind.ENGINE, "the engine returned no end-of-turn probabilities")
+        return probs
 
 
 class _Resampler:

@@ -95,7 +95,7 @@ def test_a_client_may_echo_the_session_it_was_given() -> None:
         ({"audio": {"output": {"speed": 1.5}}}, "session.audio.output.speed"),
         ({"output_modalities": ["video"]}, "session.output_modalities[0]"),
         ({"output_modalities": []}, "session.output_modalities"),
-        ({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}, "session.audio.input.turn_detection.type"),
+        ({"audio": {"input": {"turn_detection": {"type": "push_to_talk"}}}}, "session.audio.input.turn_detection.type"),
         (
             {"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 2}}}},
             "session.audio.input.turn_detection.threshold",

@@ -142,7 +142,8 @@ async def test_without_create_response_the_speech_waits_for_video_query(connect,
 @pytest.mark.parametrize(
     ("turn_detection", "field"),
     [
-        ({"type": "semantic_vad"}, "turn_detection.type"),
+        ({"type": "push_to_talk"}, "'server_vad', 'semantic_vad'"),
+        ({"type": "semantic_vad", "eagerness": "eager"}, "eagerness"),
         ({"type": "server_vad", "threshold": 2}, "threshold"),
         ({"type": "server_vad", "silence_duration_ms": 0}, "silence_duration_ms"),
         ("server_vad", "turn_detection"),

@@ -17,11 +17,12 @@ not decode is removed from the buffer and reported; a turn waits for its frames'
 thinker only ever gets frames known to decode.
 
 A turn (``video.query``) runs as the core's turn task; a newer query interrupts it (the engine
-request is aborted and the old turn sends nothing more). With ``turn_detection`` (server VAD, our
-extension) the streamed ``audio.chunk``s also go through the core's ``Listener``: the speaker
-stopping starts a turn over what was said, the speaker starting interrupts the answer. Chunks queued
-behind a VAD call are heard together in the next one (up to 5 s), so a busy engine or a client sending
-faster than real time does not delay detection by one round trip per chunk.
+request is aborted and the old turn sends nothing more). With ``turn_detection`` (server VAD, or
+semantic VAD, whose pauses an end-of-turn model judges; our extension) the streamed ``audio.chunk``s
+also go through the core's ``Listener``: the speaker stopping starts a turn over what was said, the
+speaker starting interrupts the answer. Chunks queued behind a VAD call are heard together in the
+next one (up to 5 s), so a busy engine or a client sending faster than real time does not delay
+detection by one round trip per chunk.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ from omniweb.engine.runtime import get_engine_client
 from omniweb.errors import EngineError, ErrorKind
 from omniweb.protocol import excerpt
 from omniweb.sessions import SessionClock, SessionConsumer, spawn
-from omniweb.vad import SpeechStarted, SpeechStopped, VadParams, VoiceActivity
+from omniweb.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, VadParams, VoiceActivity
 from speech.tts.model import capabilities
 
 from . import protocol
@@ -248,9 +249,13 @@ class VideoStreamConsumer(SessionConsumer):
             history=History(turns),
         )
         if (vad := config.turn_detection) is not None:
-            params = VadParams(vad.threshold, vad.prefix_padding_ms, vad.silence_duration_ms)
+            if isinstance(vad, protocol.SemanticVad):
+                detector: VoiceActivity = SemanticVoiceActivity(self.engine, vad.eagerness, protocol.INPUT_SAMPLE_RATE)
+            else:
+                params = VadParams(vad.threshold, vad.prefix_padding_ms, vad.silence_duration_ms)
+                detector = VoiceActivity(self.engine, params, protocol.INPUT_SAMPLE_RATE)
             self.listener = Listener(
-                VoiceActivity(self.engine, params, protocol.INPUT_SAMPLE_RATE),
+                detector,
                 self.audio,
                 take_segments=vad.create_response,
                 feed_ms=FEED_MS,  # the page sends 40 ms chunks: one VAD request per ~100 ms, not per chunk

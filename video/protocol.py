@@ -10,7 +10,7 @@ import base64
 import binascii
 import io
 import wave
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -53,6 +53,19 @@ class ServerVad(BaseModel):
     interrupt_response: bool = True
 
 
+class SemanticVad(BaseModel):
+    """``turn_detection`` of OpenAI's type ``semantic_vad``: the same VAD finds speech and pauses, and
+    an end-of-turn model decides at each pause whether the speaker has finished (within the
+    eagerness' maximum wait: 8 / 4 / 2 s for low / medium / high; auto is medium)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["semantic_vad"]
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"
+    create_response: bool = True
+    interrupt_response: bool = True
+
+
 class VideoSessionConfig(BaseModel):
     """``session.config``, the first message; legacy names are accepted when the new one is absent."""
 
@@ -78,7 +91,8 @@ class VideoSessionConfig(BaseModel):
     max_history_turns: int | None = Field(default=None, ge=1)  # the server's setting caps it
     sampling_strategy: Literal["uniform", "latest_frames", "latest_seconds"] = "uniform"
     window_seconds: float | None = Field(default=None, gt=0.0, le=3600.0)  # for "latest_seconds"
-    turn_detection: ServerVad | None = None  # ours: absent or null, turns only by video.query
+    # ours: absent or null, turns only by video.query
+    turn_detection: Annotated[ServerVad | SemanticVad, Field(discriminator="type")] | None = None
 
     @field_validator("modalities")
     @classmethod

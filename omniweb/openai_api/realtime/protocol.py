@@ -25,7 +25,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from omniweb.conversation.audio import resample_pcm16
 from omniweb.conversation.chunks import WordTiming
@@ -116,6 +126,8 @@ def _from_validation(exc: ValidationError, prefix: str = "") -> RealtimeError:
     # A discriminated union adds the tag to the location: "content[0].input_text.text" → "content[0].text".
     tags = {"input_text", "input_audio", "input_image", "output_text", "output_audio"}
     loc = [p for i, p in enumerate(loc) if not (i and isinstance(loc[i - 1], int) and p in tags)]
+    # So does turn_detection's: "turn_detection.semantic_vad.eagerness" → "turn_detection.eagerness".
+    loc = [p for i, p in enumerate(loc) if not (i and loc[i - 1] == "turn_detection" and p in _TURN_TYPES)]
     param = _param([*([prefix] if prefix else []), *loc])
     kind = first["type"]
     if kind == "extra_forbidden":
@@ -155,7 +167,7 @@ class AudioFormat(_Strict):
 
 
 class ServerVad(_Strict):
-    """``turn_detection`` of type ``server_vad`` with OpenAI's defaults."""
+    """``turn_detection`` of type ``server_vad`` with OpenAI's defaults (the type may be omitted)."""
 
     type: str = "server_vad"
     threshold: float = Field(default=0.5, ge=0.0, le=1.0)
@@ -167,9 +179,11 @@ class ServerVad(_Strict):
 
     @field_validator("type")
     @classmethod
-    def _server_vad_only(cls, value: str) -> str:
-        if value != "server_vad":
-            raise ValueError(f"'{excerpt(value)}' is not supported; use server_vad, or null for manual turns")
+    def _known_type(cls, value: str) -> str:
+        if value != "server_vad":  # the discriminator sends every unknown type here
+            raise ValueError(
+                f"'{excerpt(value)}' is not supported; use server_vad or semantic_vad, or null for manual turns"
+            )
         return value
 
     @field_validator("idle_timeout_ms")
@@ -178,6 +192,30 @@ class ServerVad(_Strict):
         if value is not None:
             raise _unsupported("idle_timeout_ms")
         return None
+
+
+class SemanticVad(_Strict):
+    """``turn_detection`` of type ``semantic_vad``: the end of a turn is decided by an end-of-turn
+    model at each pause (``omniweb.vad.SemanticVoiceActivity``), within the eagerness' maximum wait."""
+
+    type: Literal["semantic_vad"] = "semantic_vad"
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"
+    create_response: bool = True
+    interrupt_response: bool = True
+
+
+_TURN_TYPES = ("server_vad", "semantic_vad")
+
+
+def _turn_detection_type(value: Any) -> str:
+    kind = value.get("type", "server_vad") if isinstance(value, dict) else getattr(value, "type", None)
+    return "semantic_vad" if kind == "semantic_vad" else "server_vad"
+
+
+TurnDetection = Annotated[
+    Annotated[ServerVad, Tag("server_vad")] | Annotated[SemanticVad, Tag("semantic_vad")],
+    Discriminator(_turn_detection_type),
+]
 
 
 class Transcription(_Strict):
@@ -216,7 +254,7 @@ def _check_voice(value: Any, info: ValidationInfo) -> str:
 class AudioInput(_Strict):
     format: AudioFormat = Field(default_factory=AudioFormat)
     transcription: Transcription | None = None
-    turn_detection: ServerVad | None = Field(default_factory=ServerVad)
+    turn_detection: TurnDetection | None = Field(default_factory=ServerVad)
     noise_reduction: None = None
 
     @field_validator("noise_reduction", mode="before")
@@ -291,14 +329,23 @@ class Session(_ResponseOptions):
     output_modalities: list[Modality] = Field(default_factory=lambda: ["audio"])
     instructions: str = Field(default="", max_length=MAX_INSTRUCTIONS_CHARS)
     audio: AudioConfig = Field(default_factory=AudioConfig)
-    tracing: None = None
+    tracing: None = None  # accepted and ignored: this server has no OpenAI tracing
     truncation: Literal["auto", "disabled"] = "auto"
     include: list[str] | None = None
     prompt: None = None
 
     _modalities = field_validator("output_modalities")(_check_modalities)
 
-    @field_validator("tracing", "prompt", mode="before")
+    @field_validator("tracing", mode="before")
+    @classmethod
+    def _ignore_tracing(cls, value: Any) -> None:
+        """OpenAI's ``"auto"``, a tracing configuration object, or null: nothing is traced or kept
+        (clients such as openai-agents send ``"auto"`` by default)."""
+        if value is not None and value != "auto" and not isinstance(value, dict):
+            raise ValueError("expected 'auto', a tracing configuration object or null")
+        return None
+
+    @field_validator("prompt", mode="before")
     @classmethod
     def _none_only(cls, value: Any, info: ValidationInfo) -> None:
         if value is not None:
@@ -316,7 +363,7 @@ class Session(_ResponseOptions):
         return self.model_dump(mode="json")
 
     @property
-    def turn_detection(self) -> ServerVad | None:
+    def turn_detection(self) -> ServerVad | SemanticVad | None:
         return self.audio.input.turn_detection
 
 
