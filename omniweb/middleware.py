@@ -1,4 +1,5 @@
-"""Django's header middlewares with their hooks run on the event loop instead of in a thread.
+"""Django's header middlewares with their hooks run on the event loop instead of in a thread, and
+the request id every HTTP response carries.
 
 Under ASGI, Django runs each ``MiddlewareMixin`` hook through ``sync_to_async``: two thread hops per
 middleware and request, each waiting for the GIL while engine workers run, which put ~6 ms on the
@@ -9,12 +10,21 @@ they are safe to call inline; their behaviour is Django's and django-csp's own, 
 
 from __future__ import annotations
 
+import re
+import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from asgiref.sync import markcoroutinefunction
 from csp.middleware import CSPMiddleware as _CSPMiddleware
 from django.middleware.clickjacking import XFrameOptionsMiddleware as _XFrameOptionsMiddleware
 from django.middleware.common import CommonMiddleware as _CommonMiddleware
 from django.middleware.security import SecurityMiddleware as _SecurityMiddleware
+
+from omniweb import logs
+
+REQUEST_ID_HEADER = "X-Request-Id"
+_SANE_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # visible ASCII: safe in a header and a log line
 
 
 class _InlineHooks:
@@ -42,3 +52,27 @@ class XFrameOptionsMiddleware(_InlineHooks, _XFrameOptionsMiddleware):
 
 class CSPMiddleware(_InlineHooks, _CSPMiddleware):
     pass
+
+
+class RequestIdMiddleware:
+    """``X-Request-Id`` on every response, and in the logs of the request (``omniweb.logs``).
+
+    A client's own id (up to 128 visible ASCII characters) is echoed, so its logs and ours share
+    it; otherwise one is made, as OpenAI's are (``req_`` and 32 hex digits). Clients such as
+    LiveKit's OpenAI plugin read it from every response. Async only: no thread hop per request.
+    """
+
+    sync_capable = False
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[Any], Awaitable[Any]]) -> None:
+        self.get_response = get_response
+        markcoroutinefunction(self)
+
+    async def __call__(self, request: Any) -> Any:
+        sent = request.headers.get(REQUEST_ID_HEADER, "")
+        rid = sent if _SANE_REQUEST_ID.fullmatch(sent) else f"req_{uuid.uuid4().hex}"
+        logs.request_id.set(rid)  # not reset: the request's task (and its streamed body) ends with it
+        response = await self.get_response(request)
+        response[REQUEST_ID_HEADER] = rid
+        return response
