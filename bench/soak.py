@@ -430,7 +430,7 @@ def start_embedded(port: int, env: dict[str, str], log: Any) -> Procs:
     """The README's server: ``manage.py runserver``, the engine in the same process."""
     cmd = [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"]
     server = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    wait_ready(port, lambda engine: engine["local_started"], [server], log)
+    wait_ready(port, lambda engine: engine["state"] in ("ready", "degraded"), [server], log)
     return [server]
 
 
@@ -446,7 +446,7 @@ def start_redis_mode(port: int, env: dict[str, str], log: Any, data_dir: str) ->
     procs = [subprocess.Popen([*redis_cmd, "--dir", data_dir], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)]
     for cmd in (["bash", "deploy/worker.sh"], ["bash", "deploy/daphne.sh", str(port)]):
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
-    wait_ready(port, lambda engine: engine["workers_up"] >= 1, procs, log)
+    wait_ready(port, lambda engine: engine["workers_ready"] >= 1, procs, log)
     return procs
 
 

@@ -346,8 +346,18 @@ class Server:
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
-            return
-        raise RuntimeError(f"server did not accept connections within {timeout:.0f} s; see {self.log_path}")
+            if await asyncio.to_thread(self._ready):  # handshakes complete while the models load
+                return
+            await asyncio.sleep(0.2)
+        raise RuntimeError(f"server was not ready within {timeout:.0f} s; see {self.log_path}")
+
+    def _ready(self) -> bool:
+        """/healthz says the models are loaded (503 until then)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
+                return bool(json.loads(r.read())["ready"])
+        except (OSError, ValueError, KeyError):
+            return False
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -377,7 +387,7 @@ def serving(args: Sequence[str], port: int, env: dict[str, str] | None = None) -
             while True:
                 try:
                     with urllib.request.urlopen(base + "/healthz", timeout=2) as r:
-                        if json.loads(r.read())["engine"]["local_started"]:
+                        if json.loads(r.read())["ready"]:  # 503 (an HTTPError) while the models load
                             break
                 except (OSError, ValueError, KeyError):
                     pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 
 from django.conf import settings
@@ -16,17 +17,22 @@ from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  #
 from omniweb.auth import EngineTenant, websocket_access  # noqa: E402
 from omniweb.engine.runtime import get_engine_client, wait_loaded  # noqa: E402
 from omniweb.engine.worker import EngineWorkerConsumer  # noqa: E402
-from omniweb.openai_api.asgi import http_abort  # noqa: E402
+from omniweb.openai_api.asgi import http_abort, shed_early  # noqa: E402
+from omniweb.openai_api.protocol import busy  # noqa: E402
 from omniweb.routing import websocket_urlpatterns  # noqa: E402
 from omniweb.security import browser_origin_validator, known_paths_only  # noqa: E402
 from omniweb.transport import send_buffer_probe  # noqa: E402
+from speech.tts.loops import PIPELINE as TTS_PIPELINE  # noqa: E402
 
 # Every connection's engine requests carry its tenant (fair ordering between clients).
 application = EngineTenant(
     ProtocolTypeRouter(
         {
             # HTTP through Django; a streamed body that cannot be completed is broken off (omniweb.openai_api.asgi).
-            "http": http_abort(django_asgi_app),
+            # Speech requests this engine would refuse under load are answered 503 before Django.
+            "http": shed_early(
+                http_abort(django_asgi_app), {"/v1/audio/speech": TTS_PIPELINE}, json.dumps(busy().body()).encode()
+            ),
             # Unknown paths refused first; the Origin check, then API tokens and the per-client session
             # limit (omniweb.auth), then routes.
             "websocket": send_buffer_probe(

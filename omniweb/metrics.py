@@ -185,6 +185,7 @@ def engine_record(worker: str, sched: Any, status: dict[str, Any] | None) -> dic
         ready=bool(status and status["ready"]),
         failed=status["failed"] if status else {},
         waits=sched.estimated_waits(),
+        slowdown=sched.slowdown,
     )
 
 
@@ -195,11 +196,13 @@ def worker_record(
     ready: bool = True,
     failed: dict[str, str] | None = None,
     waits: dict[str, float] | None = None,
+    slowdown: float = 1.0,
 ) -> dict[str, Any]:
     """One engine's load as /healthz and /metrics read it; also what workers publish to Redis.
 
     ``ready``: every pipeline has loaded or failed and one serves; ``pipelines``: each one's state;
-    ``estimated_wait_seconds``: per pipeline, how long a new request would wait for its first media.
+    ``estimated_wait_seconds``: per pipeline, how long a new request would wait for its first media
+    (``slowdown``: how much longer first media took than estimated, lately; the estimates include it).
     """
     return {
         "worker": worker,
@@ -209,6 +212,7 @@ def worker_record(
         "pipelines": dict(stats.pipelines),
         "failed": dict(failed or {}),
         "estimated_wait_seconds": dict(waits or {}),
+        "slowdown": round(slowdown, 3),
         "active": stats.active,
         "queued": stats.queued,
         "running_steps": stats.running_steps,

@@ -16,7 +16,7 @@ from omniweb.errors import CAPACITY_MESSAGE, ErrorKind, engine_end
 
 from .dispatch import MAX_REQUEST_BYTES, REQUEST_TOO_LARGE, request_bytes
 from .scheduler import AdmissionError, Scheduler, Sink
-from .tenants import with_tenant
+from .tenants import RESERVATION, with_tenant
 
 logger = logging.getLogger(__name__)
 READY_POLL_SECONDS = 0.05  # how often a request waiting for its models looks again
@@ -53,7 +53,7 @@ class LocalEngineClient:
         deadline = asyncio.get_running_loop().time() + self._ready_wait
         while True:
             try:
-                self._scheduler.submit(rid, request, sink)
+                self._scheduler.submit(rid, request, sink, reservation=RESERVATION.get())
                 return
             except AdmissionError as exc:
                 if exc.kind is not ErrorKind.STARTING or asyncio.get_running_loop().time() >= deadline:

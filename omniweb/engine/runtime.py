@@ -184,6 +184,11 @@ def get_engine_client() -> EngineClient:
     return _client
 
 
+def local_scheduler() -> Scheduler | None:
+    """This process's scheduler when it serves requests (embedded mode, started), else None."""
+    return None if settings.REDIS_URL else _scheduler
+
+
 def loaded_engine_client() -> EngineClient | None:
     """The client once ``get_engine_client`` has made it, else None: lets an async caller skip the
     thread hop that the first call may need (it costs up to a GIL switch interval)."""

@@ -42,7 +42,9 @@ STREAM_GUARD = 0.1  # seconds: a playing stream this close to running dry outran
 BATCH_PRIORITY = "batch"
 MAX_INSTANT_WAKES = 8  # a WaitFor woken at once this many times in a row without a plan is a loop bug
 COST_SMOOTHING = 0.2  # weight of the newest sample in a pipeline's measured costs (an EWMA)
-MIN_CAPACITY_SHARE = 0.05  # of the workers: what the wait estimate assumes is left when streams take all
+SLOWDOWN_MIN_WAIT = 0.25  # seconds: shorter estimated waits (an idle engine) say nothing of contention
+SLOWDOWN_MAX = 4.0
+RESERVATION_SECONDS = 30.0  # a front-door admission not submitted by then is dropped from the estimates
 
 
 class AdmissionError(RuntimeError):
@@ -52,6 +54,13 @@ class AdmissionError(RuntimeError):
         super().__init__(message)
         self.kind = kind
         self.retry_after = retry_after  # seconds after which a retry may be admitted (load shedding)
+
+
+@dataclass(frozen=True)
+class _Reservation:
+    pipeline: str
+    tenant: str | None
+    at: float
 
 
 @dataclass(eq=False)
@@ -85,6 +94,7 @@ class _Job:
     work_seconds: float = 0.0  # worker time its steps took (a batched step's time shared out)
     first_work: float | None = None  # work_seconds at its first media
     first_media_seconds: float = 0.0  # media its first media step carried
+    unscaled_wait: float | None = None  # load shedding's estimate at admission before the slowdown
     # Its loops may have a new step to offer (activated, a step of it ended, a waiting loop woken):
     # a pick asks only such requests' loops, not every active request's every time.
     stale: bool = True
@@ -175,6 +185,12 @@ class Scheduler:
         self._admit_budget = max(0.0, admit_budget)
         self._first_cost: dict[str, float] = {}  # per pipeline: worker seconds until a request's first media
         self._media_cost: dict[str, float] = {}  # per pipeline: worker seconds per media second after it
+        # How much longer first media took than estimated, under load (an EWMA of the ratio): the
+        # workers share the cores with the event loop, encoders and each other, so W workers do
+        # less than W times one worker's work. Estimates are scaled by it.
+        self._slowdown = 1.0
+        self._reservations: dict[int, _Reservation] = {}  # admitted at the front door, not submitted yet
+        self._next_reservation = 0
         self._n_workers = max(1, workers)
         self._max_active = max(1, max_active)
         self._max_queued = max(0, max_queued)
@@ -259,8 +275,11 @@ class Scheduler:
         return "failed" if name in self._failed else None
 
     # -- requests -------------------------------------------------------------------------------
-    def submit(self, request_id: str, request: dict[str, Any], sink: Sink) -> None:
-        """Admit a request or raise ``AdmissionError`` (full, starting, unavailable) / ``ValueError``."""
+    def submit(self, request_id: str, request: dict[str, Any], sink: Sink, reservation: int | None = None) -> None:
+        """Admit a request or raise ``AdmissionError`` (full, starting, unavailable) / ``ValueError``.
+
+        ``reservation`` (from ``reserve``): the front door already admitted it; it is not shed again.
+        """
         name = request.get("pipeline", "")
         with self._cond:
             pipeline = self._pipelines.get(name)
@@ -278,7 +297,7 @@ class Scheduler:
                 raise AdmissionError("engine is not running", ErrorKind.UNREACHABLE)
             if request_id in self._active or any(j.request_id == request_id for j in self._queued):
                 raise ValueError(f"duplicate request id {request_id!r}")
-            self._admit(job)
+            self._admit(job, reserved=self._reservations.pop(reservation, None) is not None)
             if len(self._active) < self._max_active:
                 self._activate(job)
             elif len(self._queued) < self._max_queued:
@@ -321,6 +340,11 @@ class Scheduler:
                 pipelines=states,
             )
 
+    @property
+    def slowdown(self) -> float:
+        """Measured first-media wait over the estimate under load (1: estimates hold)."""
+        return self._slowdown
+
     def estimated_waits(self) -> dict[str, float]:
         """Per ready pipeline: the estimated seconds until a new request's first media (no tenant)."""
         with self._cond:
@@ -332,46 +356,120 @@ class Scheduler:
             }
 
     # -- admission (called with the lock held) ----------------------------------------------------
-    def _admit(self, job: _Job) -> None:
+    def _admit(self, job: _Job, reserved: bool = False) -> None:
         """Place a real-time request in its tenant's fair order, and refuse it when its first media
         is estimated to come later than the admission budget (the engine cannot start it in time).
-
-        The estimate is the first-media work of every request that would start before it (earlier
-        first deadlines) plus its own, over the workers that the playing streams leave free, from
-        each pipeline's measured costs. A pipeline with no measurement yet admits by the counts.
         """
         if job.batch:
             return
-        name = job.pipeline.name
+        job.fair_delay, wait = self._verdict(job.pipeline, job.tenant, job.submitted_at)
+        if wait is None:
+            return
+        if not reserved and wait > self._admit_budget and self._sheds(job.pipeline):
+            raise AdmissionError(CAPACITY_MESSAGE, ErrorKind.CAPACITY, retry_after=wait - self._admit_budget)
+        job.unscaled_wait = wait / self._slowdown
+
+    def _sheds(self, pipeline: Pipeline) -> bool:
+        return self._admit_budget > 0 and getattr(pipeline, "shed", True)
+
+    def reserve(self, name: str, tenant: str | None) -> int | None:
+        """Admit a real-time ``name`` request at the front door, before it is even parsed: its
+        place counts in every estimate until it is submitted (``submit(reservation=)``) or
+        ``release``d, so a burst that arrives faster than it is submitted cannot all pass the door.
+        Raises ``AdmissionError`` when load shedding would refuse it; None when nothing is estimated.
+        """
+        with self._cond:
+            pipeline = self._pipelines.get(name)
+            if pipeline is None or not self._running or not self._sheds(pipeline):
+                return None
+            now = time.monotonic()
+            wait = self._verdict(pipeline, tenant, now)[1]
+            if wait is None:
+                return None
+            if wait > self._admit_budget:
+                raise AdmissionError(CAPACITY_MESSAGE, ErrorKind.CAPACITY, retry_after=wait - self._admit_budget)
+            self._next_reservation += 1
+            self._reservations[self._next_reservation] = _Reservation(name, tenant, now)
+            return self._next_reservation
+
+    def release(self, reservation: int | None) -> None:
+        """Give back a reservation whose request was never submitted (refused by the view, gone)."""
+        if reservation is not None:
+            with self._cond:
+                self._reservations.pop(reservation, None)
+
+    def _verdict(self, pipeline: Pipeline, tenant: str | None, submitted_at: float) -> tuple[float, float | None]:
+        """A new request's fair delay, and its estimated wait for its first media (None: a
+        pipeline with no measured cost yet, admitted by the counts)."""
+        name = pipeline.name
         cost = self._first_cost.get(name)
-        if job.tenant is not None and cost is not None:
+        if cost is None:
+            return 0.0, None
+        fair_delay = 0.0
+        if tenant is not None:
             ahead = sum(
                 1
                 for j in (*self._active.values(), *self._queued)
-                if j.tenant == job.tenant and not j.batch and j.first_media_at is None
+                if j.tenant == tenant and not j.batch and j.first_media_at is None
             )
-            job.fair_delay = ahead * cost / self._n_workers
-        if self._admit_budget <= 0 or cost is None or not getattr(job.pipeline, "shed", True):
-            return
-        wait = self._estimate(name, job.first_deadline(self._budget), cost)
-        if wait > self._admit_budget:
-            raise AdmissionError(CAPACITY_MESSAGE, ErrorKind.CAPACITY, retry_after=wait - self._admit_budget)
+            ahead += sum(1 for r in self._reservations.values() if r.tenant == tenant)
+            fair_delay = ahead * cost / self._n_workers
+        return fair_delay, self._estimate(name, submitted_at + self._budget + fair_delay, cost)
 
     def _estimate(self, name: str, deadline: float, own: float | None = None) -> float:
-        """Seconds until the first media of a ``name`` request aimed at ``deadline``."""
-        ahead = 0.0
-        streams = 0.0
+        """Seconds until the first media of a ``name`` request aimed at ``deadline``.
+
+        Work before it: the first-media work left of every request aimed earlier, and the media of
+        the playing streams that falls due before ``deadline`` (earliest deadline first runs it
+        first; a stream further ahead needs nothing before then), over all workers; then its own.
+        """
+        now = time.monotonic()
+        horizon = self._admit_budget or self._budget  # at most this much of a stream counts
+        self._expire_reservations(now)
+        before = sum(self._first_cost.get(r.pipeline, 0.0) for r in self._reservations.values())
         for j in (*self._active.values(), *self._queued):
             if j.finished or j.batch:
                 continue
             if j.first_media_at is None:
                 if j.first_deadline(self._budget) <= deadline:
-                    ahead += max(0.0, self._first_cost.get(j.pipeline.name, 0.0) - j.work_seconds)
+                    before += max(0.0, self._first_cost.get(j.pipeline.name, 0.0) - j.work_seconds)
             else:
-                streams += self._media_cost.get(j.pipeline.name, 0.0)
-        free = max(self._n_workers - streams, self._n_workers * MIN_CAPACITY_SHARE)
+                due = deadline - (j.first_media_at + j.media_seconds)
+                before += self._media_cost.get(j.pipeline.name, 0.0) * min(horizon, max(0.0, due))
         own_cost = self._first_cost.get(name, 0.0) if own is None else own
-        return ahead / free + own_cost
+        return self._slowdown * (before / self._n_workers + own_cost)
+
+    def _expire(self, now: float) -> None:
+        """End, as at capacity, every admitted real-time request that has waited past the admission
+        budget without one step run: the estimate that admitted it was wrong (a cold burst, the
+        cores busier than measured), and its first media would now come later than the budget.
+        It learns from them, so the next estimates are closer."""
+        late = [
+            j
+            for j in (*self._active.values(), *self._queued)
+            if j.unscaled_wait is not None
+            and j.first_media_at is None
+            and j.work_seconds == 0.0
+            and not j.busy()
+            and now - j.submitted_at > self._admit_budget
+        ]
+        for job in late:
+            ratio = (now - job.submitted_at) / max(job.unscaled_wait or 0.0, SLOWDOWN_MIN_WAIT)
+            self._slowdown += COST_SMOOTHING * (min(max(ratio, 0.5), SLOWDOWN_MAX) - self._slowdown)
+            if job in self._queued:
+                self._queued.remove(job)
+            job.finished = True
+            self._active.pop(job.request_id, None)
+            self._release(job)
+            self._emit(job, engine_end(ErrorKind.CAPACITY, CAPACITY_MESSAGE, retry_after=1.0))
+        if late:
+            self._promote()
+
+    def _expire_reservations(self, now: float) -> None:
+        """A reservation that was neither submitted nor released in time is a leak: drop it."""
+        stale = [k for k, r in self._reservations.items() if now - r.at > RESERVATION_SECONDS]
+        for key in stale:
+            del self._reservations[key]
 
     def _learn(self, table: dict[str, float], name: str, sample: float) -> None:
         old = table.get(name)
@@ -458,6 +556,8 @@ class Scheduler:
         self._next_release = None
         batch_full: bool | None = None  # computed when a batch-priority plan first needs it
         long_full: bool | None = None
+        if self._admit_budget > 0:
+            self._expire(now)
         for job in list(self._active.values()):  # a failing loop leaves the table mid-iteration
             if job.stale:
                 job.stale = False
@@ -687,6 +787,9 @@ class Scheduler:
                 job.first_work = job.work_seconds
                 job.first_media_seconds = result.media_seconds
                 self._learn(self._first_cost, job.pipeline.name, job.work_seconds)
+                if job.unscaled_wait is not None and job.unscaled_wait >= SLOWDOWN_MIN_WAIT:
+                    ratio = (job.first_media_at - job.submitted_at) / job.unscaled_wait
+                    self._slowdown += COST_SMOOTHING * (min(max(ratio, 0.5), SLOWDOWN_MAX) - self._slowdown)
             job.media_seconds += result.media_seconds
         for chunk in result.chunks:
             self._emit(job, chunk)

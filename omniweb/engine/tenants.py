@@ -1,7 +1,10 @@
-"""Who an engine request belongs to: the scheduler orders first media fairly between tenants.
+"""What the ASGI layer knows of a request before the engine sees it, carried in context variables.
 
-The ASGI layer sets ``TENANT`` per connection (``omniweb.auth.EngineTenant``); the engine clients
-copy it into each request they submit, in both engine modes. Pure: no Django, no Channels.
+``TENANT``: who an engine request belongs to (the scheduler orders first media fairly between
+tenants); set per connection by ``omniweb.auth.EngineTenant``, copied into each request by the
+engine clients in both engine modes. ``RESERVATION``: the place a front door (load shedding before
+Django, ``omniweb.openai_api.asgi.shed_early``) took in the in-process scheduler for this request.
+Pure: no Django, no Channels.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from typing import Any
 
 # None: every request stands alone (tests, internal callers).
 TENANT: ContextVar[str | None] = ContextVar("omniweb_engine_tenant", default=None)
+RESERVATION: ContextVar[int | None] = ContextVar("omniweb_engine_reservation", default=None)
 
 
 def with_tenant(request: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,8 @@ option: daphne then tries to start a second response, and its connection reaper 
 from __future__ import annotations
 
 import functools
+import math
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -32,5 +34,56 @@ def http_abort(application: Any) -> Callable[..., Any]:
             if abort is not None:
                 scope = {**scope, SCOPE_KEY: abort}
         return await application(scope, receive, send)
+
+    return app
+
+
+def shed_early(application: Any, routes: dict[str, str], busy_body: bytes) -> Callable[..., Any]:
+    """Refuse a ``POST`` to one of ``routes`` (path → engine pipeline) before Django, when this
+    process's engine would refuse it anyway (load shedding): a burst of hundreds of requests is
+    answered 503 in a fraction of a millisecond each instead of a trip through the middleware and
+    the view. Anything it does not refuse goes on unchanged; the engine still decides at submit.
+    """
+    from omniweb import auth, metrics
+    from omniweb.engine import runtime
+    from omniweb.engine.scheduler import AdmissionError
+    from omniweb.engine.tenants import RESERVATION, TENANT
+
+    def authorized(scope: dict[str, Any]) -> bool:
+        """Only a client the view would serve is refused here: the others hear 401 from it."""
+        tokens = auth.api_tokens()
+        if not tokens:
+            return True
+        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        presented = auth.parse_bearer(header)
+        return presented is not None and auth.match_token(presented, tokens) is not None
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        pipeline = routes.get(scope.get("path", "")) if scope["type"] == "http" else None
+        sched = runtime.local_scheduler() if pipeline is not None and scope.get("method") == "POST" else None
+        if sched is None or not authorized(scope):
+            return await application(scope, receive, send)
+        try:
+            reservation = sched.reserve(pipeline, TENANT.get())  # type: ignore[arg-type]
+        except AdmissionError as exc:
+            return await refuse(send, exc.retry_after or 1.0)
+        token = RESERVATION.set(reservation)
+        try:
+            return await application(scope, receive, send)
+        finally:
+            RESERVATION.reset(token)
+            sched.release(reservation)  # unless the view submitted it (then this does nothing)
+
+    async def refuse(send: Any, retry: float) -> None:
+        metrics.count_error("busy")
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(busy_body)).encode()),
+            (b"retry-after", str(max(1, math.ceil(retry))).encode()),
+            (b"cache-control", b"no-store"),
+            (b"x-request-id", f"req_{uuid.uuid4().hex}".encode()),
+        ]
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": busy_body})
 
     return app
