@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgpack
@@ -120,9 +120,20 @@ class ChannelEngineClient:
     """``EngineClient`` over a channel layer (channels_redis): same messages as the local one."""
 
     def __init__(
-        self, layer: Any, channel: str, *, lease: float, accept_timeout: float, redis_url: str | None = None
+        self,
+        layer: Any,
+        channel: str,
+        *,
+        lease: float,
+        accept_timeout: float,
+        redis_url: str | None = None,
+        room: Callable[[str], Awaitable[float | None]] | None = None,
     ) -> None:
         self._layer = layer
+        # Load shedding at the web tier: ``room(pipeline)`` is None while some ready worker has
+        # room for a new request (by the estimates in the workers' heartbeats), else seconds to
+        # wait before a retry; then the request is refused here, without a trip to the workers.
+        self._room = room
         self._redis_url = redis_url  # where large byte strings go; None: requests must fit one message
         self._channel = channel
         self._lease = lease
@@ -135,6 +146,11 @@ class ChannelEngineClient:
         if request_bytes(request) > MAX_REQUEST_BYTES:  # as LocalEngineClient: one limit, both modes
             yield engine_end(ErrorKind.CLIENT, REQUEST_TOO_LARGE)
             return
+        if self._room is not None and request.get("priority") != "batch":
+            retry = await self._room(str(request.get("pipeline", "")))
+            if retry is not None:
+                yield engine_end(ErrorKind.CAPACITY, CAPACITY_MESSAGE, retry_after=round(retry, 3))
+                return
         blobs: dict[str, bytes] = {}
         request = with_tenant(request)
         if self._redis_url:

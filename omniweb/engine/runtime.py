@@ -162,6 +162,31 @@ def engine_status() -> dict[str, Any] | None:
     }
 
 
+class WorkerRoom:
+    """Whether some ready worker has room for a new request, by the load-shedding estimates its
+    heartbeat publishes; the heartbeats are read at most once per heartbeat period."""
+
+    def __init__(self, budget: float) -> None:
+        self._budget = budget
+        self._beats: list[dict[str, Any]] = []
+        self._read_at = -1e9
+
+    async def __call__(self, pipeline: str) -> float | None:
+        """None when a ready worker would start it within the budget (or none says otherwise),
+        else the seconds until the least loaded one would."""
+        from omniweb.engine.dispatch import WORKER_BEAT_SECONDS
+        from omniweb.metrics import read_heartbeats
+
+        now = time.monotonic()
+        if now - self._read_at >= WORKER_BEAT_SECONDS:
+            self._read_at = now
+            self._beats = [b for b in await read_heartbeats() or [] if b.get("up") and b.get("ready", True)]
+        waits = [b.get("estimated_wait_seconds", {}).get(pipeline) for b in self._beats]
+        if not waits or any(not isinstance(w, int | float) or w <= self._budget for w in waits):
+            return None  # unknown (no estimate yet, an older worker): the workers decide
+        return min(waits) - self._budget
+
+
 def get_engine_client() -> EngineClient:
     """The client the consumers use: the in-process scheduler, or workers over Redis. Never waits
     for the models: the in-process engine starts loading them if nothing has yet."""
@@ -178,6 +203,9 @@ def get_engine_client() -> EngineClient:
                 lease=settings.ENGINE_LEASE_SECONDS,
                 accept_timeout=settings.ENGINE_ACCEPT_TIMEOUT,
                 redis_url=settings.REDIS_URL,
+                room=WorkerRoom(settings.ENGINE_ADMIT_BUDGET_MS / 1000.0)
+                if settings.ENGINE_ADMIT_BUDGET_MS > 0
+                else None,
             )
         else:
             _client = LocalEngineClient(start_engine(), ready_wait=settings.ENGINE_READY_WAIT_SECONDS)
