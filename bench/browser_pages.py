@@ -33,7 +33,7 @@ from speech_latency import free_port, stats_cells
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-from page_frames import launch  # noqa: E402  (Chromium with fake media, as the browser tests run it)
+from support.page_frames import launch  # noqa: E402  (Chromium with fake media, as the browser tests run it)
 
 TEXT = "The quick brown fox jumps over the lazy dog. It was a bright cold day in April."
 

@@ -53,8 +53,8 @@ import openai
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
-from photos import jpeg, photo  # noqa: E402
 from speech_latency import free_port, serving  # noqa: E402
+from support.photos import jpeg, photo  # noqa: E402
 
 RATE = 24000
 CHUNK_MS = 20

@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 from browser_pages import start_server
-from page_frames import launch  # on the path through browser_pages (tests/)
 from playwright.sync_api import Page, sync_playwright
 from speech_latency import stats_cells
+from support.page_frames import launch  # on the path through browser_pages (tests/)
 
 REPO = Path(__file__).resolve().parent.parent
 CUED_MIC = (REPO / "tests" / "js" / "cued-microphone.js").read_text()

@@ -3,7 +3,7 @@
 
 One run measures, against one server (started here unless ``--url`` names one):
 
-0. the similarity filter on camera-like frame pairs (tests/camera_scenes.py): similarity, RMS
+0. the similarity filter on camera-like frame pairs (tests/support/camera_scenes.py): similarity, RMS
    difference in 8-bit levels, and what the seed's 0.95 and our default decide (no server needed);
 1. frame acknowledgement latency for 640x480 camera-like JPEGs, one frame at a time (send → ack);
 2. sustained frames per second acknowledged, 1 and 8 sessions each keeping a window of frames in
@@ -43,7 +43,7 @@ from websockets.exceptions import InvalidHandshake, InvalidMessage
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from camera_scenes import PAIRS, room, shoot, with_person  # noqa: E402
+from support.camera_scenes import PAIRS, room, shoot, with_person  # noqa: E402
 
 from video import frames as vframes  # noqa: E402
 from video.protocol import DEFAULT_FRAME_FILTER_THRESHOLD  # noqa: E402

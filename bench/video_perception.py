@@ -39,7 +39,7 @@ django.setup()
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 from django.conf import settings  # noqa: E402
-from photos import jpeg, photo, sign  # noqa: E402
+from support.photos import jpeg, photo, sign  # noqa: E402
 
 from omniweb.engine.scheduler import Scheduler  # noqa: E402
 from video.engine.pipeline import PIPELINE, VideoTurnPipeline  # noqa: E402

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import numpy as np
 import websockets
-from photos import jpeg, photo, sign
+from support.photos import jpeg, photo, sign
 
 
 def frames_of(img: np.ndarray) -> list[bytes]:

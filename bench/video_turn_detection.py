@@ -44,7 +44,7 @@ from websockets.exceptions import InvalidHandshake, InvalidMessage
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from camera_scenes import room, shoot, with_person  # noqa: E402
+from support.camera_scenes import room, shoot, with_person  # noqa: E402
 
 WS_PATH = "/v1/video/chat/stream"
 RATE = 16_000

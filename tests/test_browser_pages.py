@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port, live_server
-from page_frames import CHROMIUM, SCREENSHOTS, Frames, launch, shot
+from support.page_frames import CHROMIUM, SCREENSHOTS, Frames, launch, shot
+from support.servers import free_port, live_server
 
 ROOT = Path(__file__).resolve().parent.parent
 RATE = 24000

@@ -37,8 +37,9 @@ def codec() -> model.Codec:
 
 @pytest.fixture(scope="module")
 def report(codec: model.Codec, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    from support.voice import hibari_network_outputs
+
     from speech.tts.vocoder import AcousticFrames, draw_noise
-    from tests.conftest import hibari_network_outputs
 
     out = tmp_path_factory.mktemp("codec_js")
     rng = np.random.default_rng(5)

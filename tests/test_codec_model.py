@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.voice import hibari_network_outputs
 
 from speech.codec import model
 from speech.tts.vocoder import AcousticFrames, draw_noise
-from tests.conftest import hibari_network_outputs
 
 SENTENCES = [
     "Glue the sheet to the dark blue background.",

@@ -10,8 +10,8 @@ import re
 
 import numpy as np
 import pytest
-from camera_scenes import room, shoot, with_person
-from test_video_session import jpeg
+from support.camera_scenes import room, shoot, with_person
+from support.video import jpeg
 
 from omniweb import budget as process_budget
 from omniweb.conversation import (
@@ -215,7 +215,7 @@ def test_audio_buffer_and_history_limits():
 
 
 async def test_a_question_with_text_and_audio_hears_the_audio_when_asked_to():
-    from test_video_turns import synthesize
+    from support.video import synthesize
 
     speech = await synthesize("How many people are there?")
     fb = await camera_buffer(1)

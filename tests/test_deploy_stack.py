@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 import websockets
-from conftest import free_port
+from support.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from channels_redis.core import RedisChannelLayer
-from conftest import ROOT, _stop, free_port
+from support.servers import ROOT, free_port, stop
 
 from omniweb.engine.dispatch import (
     BLOB_MIN_BYTES,
@@ -97,7 +97,7 @@ class Stack:
         return json.loads(raw) if raw else None
 
     def stop(self) -> None:
-        _stop([*self.workers.values(), *([self.redis] if self.redis else [])])
+        stop([*self.workers.values(), *([self.redis] if self.redis else [])])
 
 
 @pytest.fixture(scope="module")

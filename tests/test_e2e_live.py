@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import websockets
-from conftest import DAPHNE_ARGS, ROOT, free_port, live_server
+from support.servers import DAPHNE_ARGS, ROOT, free_port, live_server
 
 SERVERS = {
     "runserver": ["manage.py", "runserver", "127.0.0.1:{port}", "--noreload"],

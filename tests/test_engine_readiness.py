@@ -20,8 +20,8 @@ import cv2
 import numpy as np
 import pytest
 from channels.testing import WebsocketCommunicator
-from conftest import receive_json, receive_until_done
 from django.test import AsyncClient
+from support.messages import receive_json, receive_until_done
 
 from omniweb.engine import runtime
 from omniweb.engine.client import LocalEngineClient

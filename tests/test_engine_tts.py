@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 from hibari import Hibari
+from support.voice import synthesize
 
 from omniweb.engine.scheduler import Scheduler
 from speech.tts.loops import PIPELINE, TtsPipeline
@@ -24,25 +25,6 @@ def pipeline() -> TtsPipeline:
 @pytest.fixture(scope="module")
 def hibari_voice() -> Hibari:
     return Hibari()
-
-
-def synthesize(pipeline: TtsPipeline, workers: int = 2, **request: Any) -> list[dict[str, Any]]:
-    sched = Scheduler({PIPELINE: pipeline}, workers=workers)
-    sched.start()
-    chunks: list[dict[str, Any]] = []
-    ended = threading.Event()
-
-    def sink(chunk: dict[str, Any]) -> None:
-        chunks.append(chunk)
-        if chunk["type"] == "end":
-            ended.set()
-
-    try:
-        sched.submit("r", {"pipeline": PIPELINE, **request}, sink)
-        assert ended.wait(30)
-    finally:
-        sched.stop()
-    return chunks
 
 
 def pcm16(wave: np.ndarray) -> bytes:

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 from django.test import override_settings
-from photos import photo
-from test_video_asr import spoken
-from test_video_thinker import camera_like, canvas, jpeg, square_frames
-from test_video_upstream import Upstream, serve, stream
+from support.photos import photo
+from support.pictures import camera_like, canvas, jpeg, square_frames
+from support.upstream import Upstream, serve, stream
+from support.voice import spoken
 
 from omniweb.engine.scheduler import Scheduler
 from video.engine.pipeline import NOTHING_HEARD, PIPELINE, VideoTurnPipeline

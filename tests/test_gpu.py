@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from django.test import override_settings
-from test_engine_tts import synthesize
+from support.voice import synthesize
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

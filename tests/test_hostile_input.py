@@ -9,8 +9,8 @@ import itertools
 import json
 
 import pytest
-from conftest import expect_error, receive_json, receive_until_done
-from test_video_session import VIDEO_PATH, b64, frame, jpeg, sync, video
+from support.messages import expect_error, receive_json, receive_until_done
+from support.video import VIDEO_PATH, b64, frame, jpeg, sync, video
 
 from omniweb.protocol import MAX_ECHO_CHARS, ProtocolError, dumps, loads
 
@@ -204,7 +204,7 @@ def test_a_client_that_stops_reading_gets_an_error_before_daphnes_keepalive():
     import socket
     import time
 
-    from conftest import DAPHNE_ARGS, free_port, live_server
+    from support.servers import DAPHNE_ARGS, free_port, live_server
 
     def frame_to_server(payload: dict) -> bytes:
         data, mask = json.dumps(payload).encode(), os.urandom(4)

@@ -3,7 +3,7 @@
 One server for the module, started the documented way (``daphne omniweb.asgi:application``) with
 an API token, a small engine (2 active requests, no queue) so admission control can be provoked,
 and small transcription limits. The models are the real ones: our own voice is transcribed back.
-A second server (``tests/openai_fault_server.py``) wraps the engine client in a test double that
+A second server (``tests/support/openai_fault_server.py``) wraps the engine client in a test double that
 fails a request after its first audio, to see how a streamed body that cannot finish ends.
 """
 
@@ -24,7 +24,7 @@ import av
 import numpy as np
 import openai
 import pytest
-from conftest import DAPHNE_ARGS, free_port, live_server
+from support.servers import DAPHNE_ARGS, free_port, live_server
 
 TOKEN = "test-token-for-the-openai-api"
 MAX_CHARS = 20_000
@@ -340,7 +340,7 @@ def test_models_lists_what_the_server_serves(client):
 # -- a synthesis that fails after its first audio ---------------------------------------------------
 def test_a_stream_that_fails_midway_is_broken_off_not_ended(tmp_path):
     port = free_port()
-    args = ["tests/openai_fault_server.py", *daphne(port)[2:]]
+    args = ["tests/support/openai_fault_server.py", *daphne(port)[2:]]
     with live_server(args, port) as url, openai.OpenAI(api_key="unused", base_url=url + "/v1", max_retries=0) as c:
         with pytest.raises(openai.APIConnectionError):  # the body was broken off, not ended as if whole
             speak(c, LONG[:2000], response_format="pcm")

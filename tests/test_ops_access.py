@@ -11,9 +11,9 @@ from urllib.parse import quote
 
 import pytest
 from channels.testing import WebsocketCommunicator
-from conftest import RECEIVE_TIMEOUT, SPEECH_PATH, speak
 from django.core import signing
 from django.test import AsyncClient
+from support.messages import RECEIVE_TIMEOUT, SPEECH_PATH, speak
 
 from omniweb import auth, metrics
 

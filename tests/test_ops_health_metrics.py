@@ -16,10 +16,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import SPEECH_PATH, free_port, session, speak
 from django.test import AsyncClient
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
+from support.messages import SPEECH_PATH, session, speak
+from support.servers import free_port
 
 from omniweb import metrics
 from omniweb.engine import runtime

@@ -8,7 +8,7 @@ import threading
 import cv2
 import numpy as np
 import pytest
-from photos import PHOTOS, WITHOUT_PEOPLE, photo, sign
+from support.photos import PHOTOS, WITHOUT_PEOPLE, photo, sign
 
 from video.engine.perception import Observations, Perception, hands, objects, pose, shared
 from video.engine.perception.types import Body, Face

@@ -25,7 +25,7 @@ def refuse(*args, **kwargs):
 socket.socket.connect = socket.socket.connect_ex = refuse
 socket.create_connection = socket.getaddrinfo = refuse
 sys.path.insert(0, "tests")
-from photos import photo, sign
+from support.photos import photo, sign
 from video.engine.perception import Perception
 
 models = Perception()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from channels.exceptions import StopConsumer
-from conftest import expect_close, expect_error, is_type, receive_until, receive_until_done
+from support.messages import expect_close, expect_error, is_type, receive_until, receive_until_done
 
 from omniweb import budget
 from omniweb.errors import ErrorKind
@@ -129,7 +129,7 @@ async def test_video_messages_queued_beyond_the_budget_close_the_session(connect
     import asyncio
     import threading
 
-    from test_video_session import b64, frame, jpeg, video
+    from support.video import b64, frame, jpeg, video
 
     from video import frames
 

@@ -20,9 +20,9 @@ import numpy as np
 import openai
 import pytest
 import websockets
-from conftest import DAPHNE_ARGS, free_port, live_server
 from hibari import Hibari
-from photos import jpeg, photo
+from support.photos import jpeg, photo
+from support.servers import DAPHNE_ARGS, free_port, live_server
 
 TOKEN = "test-token-for-the-realtime-api"
 QUESTION = "How many people can you see?"

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import RECEIVE_TIMEOUT
 from hibari import Hibari
+from support.messages import RECEIVE_TIMEOUT
 
 RATE = 24000
 PATH = "/v1/realtime?model=gpt-realtime"

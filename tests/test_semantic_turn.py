@@ -16,12 +16,12 @@ import importlib.util
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-import conftest
 import numpy as np
 import pytest
-from conftest import RECEIVE_TIMEOUT
+import support.engine as engine_support
 from hibari import Hibari
-from paused_speech import PausedQuestion, paused_question, pcm16, spoken
+from support.messages import RECEIVE_TIMEOUT
+from support.paused_speech import PausedQuestion, paused_question, pcm16, spoken
 
 from omniweb.engine.client import LocalEngineClient
 from omniweb.engine.scheduler import Scheduler
@@ -131,10 +131,10 @@ def test_the_pipeline_refuses_malformed_requests(request_fields: dict[str, Any],
 async def engine_client(engine: Any) -> AsyncIterator[Any]:
     from omniweb.engine.runtime import get_engine_client
 
-    if conftest._redis_url is not None:
-        conftest._reset_engine_client()  # channels_redis binds to this test's event loop
+    if engine_support.redis_url is not None:
+        engine_support.reset_engine_client()  # channels_redis binds to this test's event loop
     yield get_engine_client()
-    if conftest._redis_url is not None:
+    if engine_support.redis_url is not None:
         from channels.layers import channel_layers
 
         layer = channel_layers.backends.get("default")
@@ -345,8 +345,7 @@ def test_tracing_is_accepted_and_ignored(tracing: Any) -> None:
 
 
 async def test_the_video_endpoint_takes_semantic_vad_and_answers_after_the_pause(connect, voice) -> None:
-    from test_video_session import b64, video
-    from test_video_turns import collect_turn, scene_frames
+    from support.video import b64, collect_turn, scene_frames, video
 
     comm = await video(connect, modalities=["text"], turn_detection={"type": "semantic_vad", "eagerness": "high"})
     await scene_frames(comm)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import free_port, live_server
+from support.servers import free_port, live_server
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTHING_TO_SPEAK = "nothing to speak: the text has no words or numbers (only spaces, punctuation or symbols)"

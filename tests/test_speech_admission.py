@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import receive_until_done, session, speak
+from support.messages import receive_until_done, session, speak
 
 from omniweb.engine import runtime
 from omniweb.engine.client import LocalEngineClient

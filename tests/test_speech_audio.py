@@ -10,8 +10,8 @@ import wave
 import numpy as np
 import pytest
 import soundfile
-from conftest import Sentence, Transcript, expect_silence, session, speak
 from hibari import Hibari
+from support.messages import Sentence, Transcript, expect_silence, session, speak
 
 SAMPLE_RATE = 24000
 FOX = "The quick brown fox jumps over the lazy dog."

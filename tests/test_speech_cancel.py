@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import (
+from support.engine import wait_engine_idle
+from support.messages import (
     expect_silence,
     is_type,
     receive,
@@ -14,7 +15,6 @@ from conftest import (
     receive_until_done,
     session,
     speak,
-    wait_engine_idle,
 )
 
 HELLO = "Hello there."

@@ -23,21 +23,19 @@ import numpy as np
 import pytest
 import websockets
 from channels.testing import WebsocketCommunicator
-from conftest import (
-    ROOT,
+from django.conf import settings
+from support.engine import wait_engine_idle
+from support.messages import (
     Transcript,
     expect_close,
     expect_error,
     expect_silence,
-    free_port,
-    live_server,
     receive_until,
     receive_until_done,
     session,
     speak,
-    wait_engine_idle,
 )
-from django.conf import settings
+from support.servers import ROOT, free_port, live_server
 
 import speech.consumers
 from omniweb.engine import runtime

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import soundfile
-from conftest import Transcript, is_type, receive_until, receive_until_done, session, speak
+from support.messages import Transcript, is_type, receive_until, receive_until_done, session, speak
 
 from omniweb.conversation import utterance
 from omniweb.engine import client as engine_client

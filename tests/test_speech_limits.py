@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import (
+from support.messages import (
     configure,
     expect_close,
     expect_error,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import session, speak
+from support.messages import session, speak
 
 
 async def test_no_origin_is_accepted(connect):

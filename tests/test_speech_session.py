@@ -8,7 +8,8 @@ import os
 import time
 
 import pytest
-from conftest import (
+from django.conf import settings as django_settings
+from support.messages import (
     configure,
     expect_close,
     expect_error,
@@ -18,7 +19,6 @@ from conftest import (
     session,
     speak,
 )
-from django.conf import settings as django_settings
 
 import speech.consumers
 

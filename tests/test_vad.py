@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import conftest
 import numpy as np
 import pytest
+import support.engine as engine_support
 from hibari import Hibari
 from scipy.signal import resample_poly
 
@@ -168,10 +168,10 @@ def test_the_pipeline_refuses_malformed_requests(request_fields, message):
 async def engine_client(engine: Any) -> AsyncIterator[Any]:
     from omniweb.engine.runtime import get_engine_client
 
-    if conftest._redis_url is not None:
-        conftest._reset_engine_client()  # channels_redis binds to this test's event loop
+    if engine_support.redis_url is not None:
+        engine_support.reset_engine_client()  # channels_redis binds to this test's event loop
     yield get_engine_client()
-    if conftest._redis_url is not None:
+    if engine_support.redis_url is not None:
         from channels.layers import channel_layers
 
         layer = channel_layers.backends.get("default")

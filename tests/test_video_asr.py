@@ -8,16 +8,9 @@ from difflib import SequenceMatcher
 import numpy as np
 import pytest
 from hibari import Hibari
-from scipy.signal import resample_poly
+from support.voice import spoken
 
 from video.asr import SAMPLE_RATE, Transcriber, pcm16_to_float
-
-
-def spoken(text: str, voice: Hibari | None = None, seed: int = 7) -> bytes:
-    """``text`` said by hibari (24 kHz), as the wire carries a question: PCM16 LE 16 kHz mono."""
-    wave = (voice or Hibari())(text, seed=seed)
-    pcm = np.clip(resample_poly(wave, 2, 3), -1.0, 1.0)
-    return (pcm * 32767.0).astype("<i2").tobytes()
 
 
 def words(text: str) -> list[str]:

@@ -10,7 +10,7 @@ import zlib
 import cv2
 import numpy as np
 import pytest
-from camera_scenes import PAIRS, room, shoot, with_person
+from support.camera_scenes import PAIRS, room, shoot, with_person
 
 from video import frames
 from video.frames import FrameError

@@ -25,11 +25,11 @@ from typing import Any
 import cv2
 import numpy as np
 import pytest
-from conftest import free_port, live_server
 from hibari import Hibari
-from page_frames import CHROMIUM, Frames, launch, shot
-from photos import photo
 from scipy.signal import resample_poly
+from support.page_frames import CHROMIUM, Frames, launch, shot
+from support.photos import photo
+from support.servers import free_port, live_server
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTION = "How many people can you see?"

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import websockets
-from camera_scenes import room, shoot, with_person
-from conftest import free_port, live_server
 from scipy.signal import resample_poly
+from support.camera_scenes import room, shoot, with_person
+from support.servers import free_port, live_server
 from websockets.exceptions import InvalidHandshake, InvalidMessage
 
 from video import protocol

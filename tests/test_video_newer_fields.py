@@ -5,13 +5,10 @@ the text is complete; unknown fields still accepted."""
 from __future__ import annotations
 
 import pytest
-from conftest import expect_close, expect_error, receive_until
-from test_video_session import ack, frame, jpeg, sync, video
-from test_video_turns import QUESTION, collect_turn, is_type, requests_seen, scene_frames, video_requests
+from support.messages import expect_close, expect_error, receive_until
+from support.video import QUESTION, ack, collect_turn, frame, is_type, jpeg, scene_frames, sync, video, video_requests
 
 from video import frames
-
-__all__ = ["requests_seen"]  # the fixture, used by name below
 
 
 # -- event_names -----------------------------------------------------------------------------------

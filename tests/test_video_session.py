@@ -5,32 +5,15 @@ limits and timeouts. (Turns, interrupts and video.done after a turn: tests/test_
 from __future__ import annotations
 
 import asyncio
-import base64
 import struct
 import threading
 import zlib
 
-import cv2
-import numpy as np
 import pytest
-from conftest import expect_close, expect_error, expect_silence, receive_json
+from support.messages import expect_close, expect_error, expect_silence, receive_json
+from support.video import VIDEO_PATH, ack, b64, frame, jpeg, sync, video
 
 from video import frames, protocol
-
-VIDEO_PATH = "/v1/video/chat/stream"
-
-
-def jpeg(level: int = 100, width: int = 160, height: int = 120) -> bytes:
-    """A flat colour frame; frames with levels far apart are 'different' to any filter threshold."""
-    img = np.zeros((height, width, 3), np.uint8)
-    img[:] = (level, 255 - level, (level * 7) % 256)
-    ok, buf = cv2.imencode(".jpg", img)
-    assert ok
-    return buf.tobytes()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def png_bomb(width: int, height: int) -> bytes:
@@ -43,31 +26,6 @@ def png_bomb(width: int, height: int) -> bytes:
         + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
         + b"\0" * 64
     )
-
-
-async def video(connect, **fields):
-    comm = await connect(VIDEO_PATH)
-    await comm.send_json_to({"type": "session.config", **fields})
-    return comm
-
-
-async def frame(comm, data: bytes | str, frame_id: str | None = None, **extra) -> None:
-    msg = {"type": "video.frame", "data": data if isinstance(data, str) else b64(data), **extra}
-    if frame_id is not None:
-        msg["frame_id"] = frame_id
-    await comm.send_json_to(msg)
-
-
-async def ack(comm) -> dict:
-    msg = await receive_json(comm)
-    assert msg["type"] == "video.frame.ack", msg
-    return msg
-
-
-async def sync(comm) -> None:
-    """Everything sent before has been processed: the pong comes after their replies."""
-    await comm.send_json_to({"type": "ping"})
-    assert await receive_json(comm) == {"type": "pong"}
 
 
 # -- session.config -------------------------------------------------------------------------------

@@ -11,68 +11,32 @@ import json
 import wave
 from typing import Any
 
-import numpy as np
 import pytest
-from camera_scenes import room, shoot, with_person
-from conftest import Transcript, expect_close, expect_error, receive_json, receive_until
-from scipy.signal import resample_poly
-from test_video_session import ack, b64, frame, jpeg, sync, video
+from support.messages import expect_close, expect_error, receive_json, receive_until
+from support.video import (
+    QUESTION,
+    ack,
+    b64,
+    collect_turn,
+    frame,
+    is_type,
+    jpeg,
+    scene_frames,
+    sync,
+    synthesize,
+    video,
+    video_requests,
+)
 
 from omniweb import metrics
 from omniweb.engine import client as engine_client
 from omniweb.engine import dispatch
-
-QUESTION = "What do you see?"
-
-
-def is_type(*kinds: str):
-    return lambda m: isinstance(m, dict) and m.get("type") in kinds
-
-
-async def collect_turn(comm, *, audio: bool = True, timeout: float = 30.0) -> Transcript:
-    """One turn's messages through response.text.done, and with ``audio`` on to response.audio.done
-    (the text is done as soon as it is complete: audio may follow it)."""
-    t = await receive_until(comm, is_type("response.text.done"), timeout)
-    assert not t.closed, t.types
-    if audio:
-        t.events += (await receive_until(comm, is_type("response.audio.done"), timeout)).events
-    return t
 
 
 def wav_pcm(delta: dict[str, Any]) -> bytes:
     with wave.open(io.BytesIO(base64.b64decode(delta["data"]))) as w:
         assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
         return w.readframes(w.getnframes())
-
-
-async def scene_frames(comm, count: int = 2, *, ids: bool = True) -> None:
-    """Camera-like frames of a person moving (each kept by the default filter)."""
-    rng = np.random.default_rng(0)
-    for i in range(count):
-        data = shoot(with_person(room(), 200 + 40 * i, 170, arm_deg=20 * i), rng)
-        await frame(comm, data, f"f{i}" if ids else None, pts_ms=500 * i)
-        if ids:
-            assert (await ack(comm))["accepted"] is True
-    await sync(comm)
-
-
-@pytest.fixture
-def requests_seen(monkeypatch) -> list[dict[str, Any]]:
-    """Records every engine request the sessions send (the real client still serves them)."""
-    seen: list[dict[str, Any]] = []
-    for cls in (engine_client.LocalEngineClient, dispatch.ChannelEngineClient):
-        real = cls.stream
-
-        def spy(self, request, request_id=None, _real=real):
-            seen.append(request)
-            return _real(self, request, request_id)
-
-        monkeypatch.setattr(cls, "stream", spy)
-    return seen
-
-
-def video_requests(seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in seen if r.get("pipeline") == "video.turn"]
 
 
 # -- one turn -------------------------------------------------------------------------------------
@@ -279,18 +243,6 @@ async def test_query_when_every_frame_failed_to_decode(connect):
 
 
 # -- spoken questions -----------------------------------------------------------------------------
-async def synthesize(text: str) -> bytes:
-    """The question spoken by our own voice (the speech pipeline), as PCM16 16 kHz mono."""
-    from omniweb.engine.runtime import get_engine_client
-
-    request = {"pipeline": "speech.tts", "text": text, "voice": None, "speed": 1.0, "seed": 1, "split": "sentence"}
-    request.update(timestamps=False, first_chunk_frames=None, max_frames=None)
-    pcm = b""
-    async for chunk in get_engine_client().stream(request):
-        if chunk["type"] == "audio":
-            pcm += chunk["pcm"]
-    samples = np.frombuffer(pcm, "<i2").astype(np.float32)
-    return np.clip(resample_poly(samples, 2, 3), -32768, 32767).astype("<i2").tobytes()
 
 
 async def test_spoken_question_is_transcribed_before_the_response(connect, requests_seen):

@@ -8,122 +8,22 @@ system prompt, model, key) as well as the streamed answer, the errors and the ab
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import cv2
 import numpy as np
 import pytest
 from django.test import override_settings
+from support.upstream import Handler, Upstream, endless, serve, status, stream
 
 from omniweb.engine.scheduler import Scheduler
 from video.engine.pipeline import PIPELINE, VideoTurnPipeline
 from video.engine.thinkers import Frame, ThinkerError, Turn
 from video.engine.upstream import DEFAULT_SYSTEM_PROMPT, ORPHAN_SECONDS, UpstreamThinker
-
-Script = Callable[["Handler"], None]
-
-
-@dataclass
-class Upstream:
-    """The fake server's state: what to answer and what it saw."""
-
-    server: ThreadingHTTPServer
-    script: Script | None = None
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    disconnected: threading.Event = field(default_factory=threading.Event)
-    release: threading.Event = field(default_factory=threading.Event)  # ends hanging handlers
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-
-class Handler(BaseHTTPRequestHandler):
-    upstream: Upstream
-
-    def log_message(self, format: str, *args: Any) -> None:  # keep the test output clean
-        pass
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.upstream.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
-        assert self.upstream.script is not None
-        self.upstream.script(self)
-
-    # -- answers the scripts use ---------------------------------------------------------------
-    def start_stream(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-
-    def event(self, payload: str) -> None:
-        self.wfile.write(f"data: {payload}\n\n".encode())
-        self.wfile.flush()
-
-    def delta(self, text: str, finish: str | None = None) -> None:
-        choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
-        self.event(json.dumps({"id": "c1", "object": "chat.completion.chunk", "choices": [choice]}))
-
-
-def stream(deltas: list[str], pause: float = 0.0, done: bool = True) -> Script:
-    def script(h: Handler) -> None:
-        h.start_stream()
-        h.event(json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}))
-        h.wfile.write(b": keep-alive comment\n\n")
-        for d in deltas:
-            h.delta(d)
-            time.sleep(pause)
-        h.delta("", finish="stop")
-        if done:
-            h.event("[DONE]")
-
-    return script
-
-
-def status(code: int, body: str) -> Script:
-    def script(h: Handler) -> None:
-        h.send_response(code)
-        h.send_header("Content-Type", "application/json")
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        h.wfile.write(body.encode())
-
-    return script
-
-
-def endless(h: Handler) -> None:
-    """Stream a word every 20 ms until the client goes away (then note that it did)."""
-    h.start_stream()
-    try:
-        while not h.upstream.release.is_set():
-            h.delta("word ")
-            time.sleep(0.02)
-    except OSError:
-        h.upstream.disconnected.set()
-
-
-@contextlib.contextmanager
-def serve() -> Iterator[Upstream]:
-    """A fake upstream on a free loopback port, with its own handler class (no state shared)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    state = Upstream(server)
-    server.RequestHandlerClass = type("BoundHandler", (Handler,), {"upstream": state})
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield state
-    finally:
-        state.release.set()
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -269,7 +169,7 @@ def test_broken_streams_and_timeouts(fresh, script, expected):
 
 
 def test_unreachable_server():
-    from conftest import free_port
+    from support.servers import free_port
 
     t = UpstreamThinker(f"http://127.0.0.1:{free_port()}/v1", "m", "", 1.0, 0)
     with pytest.raises(ThinkerError, match="Could not reach the upstream model server"):
@@ -403,7 +303,7 @@ def test_turns_waiting_on_a_slow_upstream_never_stall_speech_streams(fresh, pipe
 
 def test_the_observations_go_with_the_frames(fresh):
     """With the perception models, the user turn carries what they measured, before the question."""
-    from photos import jpeg, photo
+    from support.photos import jpeg, photo
 
     from video.engine.perception import shared
     from video.engine.upstream import OBSERVATIONS_LEAD

@@ -9,13 +9,10 @@ import asyncio
 
 import numpy as np
 import pytest
-from conftest import expect_close, expect_error, receive_json, receive_until
-from test_video_session import b64, sync, video
-from test_video_turns import collect_turn, is_type, requests_seen, scene_frames, synthesize, video_requests
+from support.messages import expect_close, expect_error, receive_json, receive_until
+from support.video import b64, collect_turn, is_type, scene_frames, sync, synthesize, video, video_requests
 
 from omniweb.vad import VoiceActivity
-
-__all__ = ["requests_seen"]  # a fixture
 
 RATE = 16000
 CHUNK = 3200  # 100 ms of PCM16 16 kHz

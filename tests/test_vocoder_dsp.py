@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import hibari_network_outputs
 from hibari import dsp
+from support.voice import hibari_network_outputs
 
 from speech.tts.vocoder import (
     HOP,

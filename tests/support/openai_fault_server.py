@@ -1,7 +1,7 @@
 """daphne with a test double around the engine client: every speech request fails after its first
 audio chunk (the real request is aborted, then an ``end`` with ``status: "error"`` is delivered).
 
-Run as ``python tests/openai_fault_server.py <daphne arguments>`` (tests/test_openai_api.py).
+Run as ``python tests/support/openai_fault_server.py <daphne arguments>`` (tests/test_openai_api.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omniweb.settings")
 
 import django

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",

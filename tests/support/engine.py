@@ -1,0 +1,102 @@
+"""The engine under test: waiting until it is idle (in-process, or the Redis workers' heartbeats),
+the dispatch path in use (``redis_url``, set by the ``engine`` fixture while the Redis path is under
+test), and the checks run after every test (no consumer task left behind)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from channels.testing import WebsocketCommunicator
+
+IDLE_POLL_SECONDS = 2.0
+HEARTBEAT_LAG = 0.6  # a worker's heartbeat key may be this old
+redis_url: str | None = None  # set while the redis dispatch path is under test
+
+
+def workers_busy(url: str) -> tuple[bool, Any]:
+    """Load reported by the workers' heartbeat keys (refreshed twice a second)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        beats = [json.loads(v) for v in client.mget(client.keys("omniweb:worker:*")) if v]
+    finally:
+        client.close()
+    busy = any(b["active"] or b["queued"] or b["running_steps"] for b in beats)
+    return busy, beats
+
+
+def engine_busy() -> tuple[bool, Any]:
+    from omniweb.engine import runtime
+
+    if redis_url is not None:
+        return workers_busy(redis_url)
+    sched = runtime._scheduler
+    if sched is None:  # never started in this process (e.g. the pure-function tests): nothing to check
+        return False, None
+    stats = sched.stats()
+    return bool(stats.active or stats.queued or stats.running_steps), stats
+
+
+def wait_engine_idle(seconds: float = IDLE_POLL_SECONDS) -> Any:
+    """Poll the engine (in-process, or the workers' heartbeats) until idle; fail with its stats."""
+    if redis_url is not None:
+        seconds += HEARTBEAT_LAG
+    deadline = time.monotonic() + seconds
+    while True:
+        busy, stats = engine_busy()
+        if not busy:
+            return stats
+        assert time.monotonic() < deadline, f"engine still has work {seconds}s after the test: {stats}"
+        time.sleep(0.02)
+
+
+def reset_engine_client() -> None:
+    from channels.layers import channel_layers
+
+    from omniweb.engine import runtime
+
+    runtime._client = None
+    channel_layers.backends.clear()
+
+
+def consumer_tasks() -> list[asyncio.Task[Any]]:
+    """Tasks on this loop still running code from the app (consumers, engine client, channels)."""
+    stray = []
+    for task in asyncio.all_tasks():
+        if task is asyncio.current_task() or task.done():
+            continue
+        coro = task.get_coro()
+        code = getattr(coro, "cr_code", None) or getattr(coro, "gi_code", None) or getattr(coro, "ag_code", None)
+        filename = code.co_filename if code is not None else repr(coro)
+        if any(part in filename for part in ("/speech/", "/video/", "/omniweb/", "/channels/", "/asgiref/")) or (
+            "aclose" in repr(coro)
+        ):
+            stray.append(task)
+    return stray
+
+
+async def close_sessions(comms: list[WebsocketCommunicator]) -> None:
+    """Disconnect every socket; then no consumer task may be left and no consumer may have raised."""
+    for comm in comms:
+        if not comm.future.done():
+            await comm.disconnect(timeout=5)
+    if any(comm.future.cancelled() for comm in comms):
+        # A receive timed out and the communicator cancelled the app (the test has failed already):
+        # the consumer never saw a disconnect, so its tasks are cleaned up here instead of reported.
+        stray = consumer_tasks()
+        for task in stray:
+            task.cancel()
+        await asyncio.gather(*stray, return_exceptions=True)
+        return
+    # Cancelled tasks and async generators finalise on later loop iterations: poll briefly.
+    deadline = time.monotonic() + IDLE_POLL_SECONDS
+    while (stray := consumer_tasks()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert not stray, f"tasks left running after the sessions closed: {stray}"
+    for comm in comms:  # an exception inside a consumer must not pass silently
+        if comm.future.done() and not comm.future.cancelled():
+            comm.future.result()
