@@ -50,7 +50,7 @@ def start_server() -> tuple[subprocess.Popen[bytes], str]:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
             health = json.loads(urllib.request.urlopen(url + "/healthz", timeout=5).read())
-            if health["engine"]["local_started"]:
+            if health["ready"]:  # 503 (an HTTPError) while the models load
                 return proc, url
         except OSError:
             pass

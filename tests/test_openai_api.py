@@ -17,6 +17,7 @@ import json
 import re
 import struct
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
@@ -131,6 +132,22 @@ def test_default_format_is_mp3_and_voice_objects_and_local_voices_work(client):
     assert len(data) < 0.7 * len(slow)  # speed is honoured while streaming
 
 
+def test_agent_framework_defaults_speak_and_the_ignored_instructions_are_named(client):
+    """openai-agents' voice pipeline: its TTS model name and the instructions it sends on every call."""
+    response = client.audio.speech.with_raw_response.create(
+        model="gpt-4o-mini-tts",
+        voice="ash",
+        input=FOX,
+        instructions="You will receive partial sentences. Do not complete the sentence, just read out the text.",
+        response_format="pcm",
+    )
+    assert response.headers["x-omniweb-ignored"] == "instructions"
+    assert response.headers["x-omniweb-voice"] == "heart"
+    assert len(response.content) / 2 / 24000 > 1.0
+    _, headers = speak(client, model="gpt-4o-mini-tts-2025-03-20", response_format="pcm")  # a dated snapshot
+    assert "x-omniweb-ignored" not in headers
+
+
 def test_first_bytes_arrive_while_the_rest_is_still_being_synthesized(client, base):
     with client.audio.speech.with_streaming_response.create(
         model="tts-1", voice="alloy", input=LONG[:4000], response_format="mp3"
@@ -191,7 +208,7 @@ def test_sse_streams_base64_deltas_then_done_with_usage(client, fmt):
         ({"response_format": "ogg"}, openai.BadRequestError, "response_format"),
         ({"speed": 5.0}, openai.BadRequestError, "speed"),
         ({"speed": 0.1}, openai.BadRequestError, "speed"),
-        ({"instructions": "Whisper it."}, openai.BadRequestError, "instructions"),
+        ({"instructions": 5}, openai.BadRequestError, "instructions"),  # not a string
         ({"stream_format": "chunks"}, openai.BadRequestError, "stream_format"),
     ],
 )
@@ -281,6 +298,12 @@ def test_transcription_of_our_own_voice_returns_the_text(client, fmt):
     assert words(result.text) == words(FOX)
 
 
+@pytest.mark.parametrize("model", ["gpt-transcribe", "gpt-4o-mini-transcribe-2025-03-20"])
+def test_transcription_answers_to_openais_current_names(client, fox_wav, model):
+    """openai-agents' and pipecat's default STT model, and a dated snapshot."""
+    assert words(client.audio.transcriptions.create(model=model, file=("fox.wav", fox_wav)).text) == words(FOX) * 2
+
+
 def test_transcription_formats(client, fox_wav):
     upload = ("fox.wav", fox_wav)
     verbose = client.audio.transcriptions.create(
@@ -331,10 +354,49 @@ def test_bad_transcription_requests_raise_the_sdks_exceptions(client, fox_wav):
 def test_models_lists_what_the_server_serves(client):
     ids = [m.id for m in client.models.list()]
     assert {"hibari-tts", "tts-1", "tts-1-hd", "gpt-4o-mini-tts", "whisper-1", "whisper-tiny.en"} <= set(ids)
+    assert {"gpt-transcribe", "gpt-4o-transcribe", "gpt-realtime", "gpt-realtime-mini"} <= set(ids)
+    assert not [i for i in ids if re.search(r"-\d{4}-\d\d-\d\d$", i)]  # snapshots are not listed...
     assert any(i.startswith("omniweb-video-") for i in ids)
     assert client.models.retrieve("whisper-1").owned_by == "omniweb"
+    assert client.models.retrieve("gpt-4o-mini-tts-2025-03-20").id == "gpt-4o-mini-tts-2025-03-20"  # ...but found
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-5")
+
+
+# -- request ids ------------------------------------------------------------------------------------
+REQUEST_ID = re.compile(r"req_[0-9a-f]{32}")
+
+
+def test_every_response_carries_a_request_id_and_a_clients_own_is_echoed(client, base):
+    listed = client.models.with_raw_response.list()
+    assert REQUEST_ID.fullmatch(listed.request_id or "")
+    again = client.models.with_raw_response.list()
+    assert REQUEST_ID.fullmatch(again.request_id or "") and again.request_id != listed.request_id
+    ours = client.models.with_raw_response.list(extra_headers={"X-Request-Id": "trace-42/a:b"})
+    assert ours.request_id == "trace-42/a:b"
+    for insane in ("x" * 129, "two words"):  # too long, or not visible ASCII only: replaced
+        replaced = client.models.with_raw_response.list(extra_headers={"X-Request-Id": insane})
+        assert REQUEST_ID.fullmatch(replaced.request_id or "")
+    speech = client.audio.speech.with_raw_response.create(model="tts-1", voice="alloy", input=FOX)
+    assert REQUEST_ID.fullmatch(speech.request_id or "")  # a streamed body too
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("gpt-5")
+    assert REQUEST_ID.fullmatch(missing.value.request_id or "")
+    with (
+        openai.OpenAI(api_key="wrong-token", base_url=base + "/v1", max_retries=0) as bad,
+        pytest.raises(openai.AuthenticationError) as refused,
+    ):
+        bad.models.list()
+    assert REQUEST_ID.fullmatch(refused.value.request_id or "")
+    # Not only the API: health, pages, static files, unknown paths.
+    for path in ("/healthz", "/", "/speech/", "/static/css/omniweb.css", "/no-such-page"):
+        try:
+            with urllib.request.urlopen(base + path, timeout=10) as resp:
+                headers = resp.headers
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 404, path
+            headers = exc.headers
+        assert REQUEST_ID.fullmatch(headers["X-Request-Id"] or ""), path
 
 
 # -- a synthesis that fails after its first audio ---------------------------------------------------

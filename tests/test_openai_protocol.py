@@ -63,7 +63,10 @@ def test_openai_defaults_mp3_audio_stream_and_maps_openai_voices():
         ({"speed": 4.5}, 400, "speed"),
         ({"speed": "fast"}, 400, "speed"),
         ({"speed": True}, 400, "speed"),
-        ({"instructions": "Speak like a pirate."}, 400, "instructions"),
+        ({"instructions": 5}, 400, "instructions"),
+        ({"model": "gpt-4o-mini-tts-2025"}, 404, "model"),
+        ({"model": "gpt-4o-mini-tts-2025-13-01"}, 404, "model"),
+        ({"model": "hibari-tts-2025-03-20"}, 404, "model"),  # dated: OpenAI's names only
         ({"stream_format": "chunks"}, 400, "stream_format"),
         ({"seed": 1}, 400, "seed"),
     ],
@@ -77,6 +80,46 @@ def test_every_bad_field_is_refused_in_openai_shape(fields, status, param):
 
 def test_blank_instructions_are_nothing_to_honour():
     assert speech(instructions="").voice == "heart"
+    assert speech(instructions="  ").ignored == ()
+
+
+def test_style_instructions_are_accepted_and_named_as_ignored():
+    """Agent frameworks send TTS instructions on every call by default: not refused, not applied."""
+    params = speech(instructions="You will receive partial sentences. Do not complete the sentence.")
+    assert params.ignored == ("instructions",) and params.voice == "heart"
+    assert speech().ignored == ()
+
+
+@pytest.mark.parametrize(
+    ("name", "alias"),
+    [
+        ("gpt-4o-mini-tts", True),
+        ("gpt-4o-mini-tts-2025-03-20", True),
+        ("gpt-4o-mini-tts-2025-12-31", True),
+        ("gpt-4o-mini-tts-2025-03-32", False),
+        ("gpt-4o-mini-tts-20250320", False),
+        ("gpt-4o-mini-tts-2025-03-20-2025-03-20", False),
+        ("gpt-4o-mini-tts-latest", False),
+        ("-2025-03-20", False),
+        ("tts-2", False),
+    ],
+)
+def test_an_alias_is_openais_name_with_an_optional_snapshot_date(name, alias):
+    assert protocol.is_alias(name, protocol.SPEECH_MODEL_ALIASES) is alias
+
+
+def test_openais_current_model_names_and_their_snapshots_are_accepted():
+    for model in ("gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-03-20", "tts-1", "hibari"):
+        assert speech(model=model).model == model
+    for model in (
+        "gpt-transcribe",
+        "gpt-transcribe-2026-01-15",
+        "gpt-4o-transcribe",
+        "gpt-4o-mini-transcribe-2025-03-20",
+        "whisper-1",
+        "whisper-tiny.en",
+    ):
+        assert protocol.parse_transcription(form(model=model)).model == model
 
 
 def test_json_body_and_content_type_are_checked():
@@ -130,6 +173,8 @@ def test_transcription_fields():
     ("fields", "param"),
     [
         ({"model": "whisper-2"}, "model"),
+        ({"model": "gpt-transcribe-2026-1-15"}, "model"),
+        ({"model": "whisper-tiny.en-2025-03-20"}, "model"),
         ({"language": "fr"}, "language"),
         ({"response_format": "xml"}, "response_format"),
         ({"temperature": "2"}, "temperature"),

@@ -36,3 +36,29 @@ def test_one_line_says_the_models_are_loaded_and_the_engine_ready(caplog):
         assert len(ready) == 1 and "speech.tts" in ready[0], ready
     finally:
         runtime.shutdown()
+
+
+async def test_a_requests_log_lines_carry_its_request_id():
+    """Every line logged while a request is served names its X-Request-Id (here Django's 'Not Found')."""
+    from django.conf import settings
+    from django.test import AsyncClient
+
+    from omniweb import logs
+
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.setFormatter(logs.UTCFormatter(settings.LOGGING["formatters"]["plain"]["fmt"]))
+    handler.emit = lambda record: lines.append(handler.format(record))  # type: ignore[method-assign]
+    logger = logging.getLogger("django.request")
+    logger.addHandler(handler)
+    try:
+        response = await AsyncClient().get("/no-such-page", headers={"X-Request-Id": "trace-42"})
+        generated = await AsyncClient().get("/no-such-page")
+    finally:
+        logger.removeHandler(handler)
+    assert response.status_code == 404 and response["X-Request-Id"] == "trace-42"
+    assert generated["X-Request-Id"].startswith("req_")
+    assert [line.split(" ", 2)[2] for line in lines] == [
+        "django.request [trace-42]: Not Found: /no-such-page",
+        f"django.request [{generated['X-Request-Id']}]: Not Found: /no-such-page",
+    ]

@@ -349,6 +349,22 @@ async def test_every_error_case_keeps_the_session(conn: Any) -> None:
     assert (await until(conn, "response.done"))[-1].response.status == "completed"
 
 
+# -- model names ---------------------------------------------------------------------------------------
+async def test_openais_realtime_and_transcription_names_are_accepted(base: str) -> None:
+    """Frameworks connect with their own default model (dated or not) and transcribe with gpt-transcribe."""
+    client = openai.AsyncOpenAI(api_key=TOKEN, base_url=base + "/v1", max_retries=0)
+    async with client.realtime.connect(model="gpt-realtime-mini-2025-10-06") as connection:
+        created = await recv(connection)
+        assert created.type == "session.created" and created.session.model == "gpt-realtime-mini-2025-10-06"
+        transcription = {"model": "gpt-transcribe-2026-01-15", "language": "en"}
+        session = await configure(
+            connection, model="gpt-4o-realtime-preview", audio={"input": {"transcription": transcription}}
+        )
+        assert session.model == "gpt-4o-realtime-preview"
+        assert session.audio.input.transcription.model == "gpt-transcribe-2026-01-15"
+    await client.close()
+
+
 # -- access --------------------------------------------------------------------------------------------
 async def test_a_missing_or_wrong_token_is_refused(base: str) -> None:
     client = openai.AsyncOpenAI(api_key="wrong", base_url=base + "/v1", max_retries=0)

