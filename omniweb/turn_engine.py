@@ -157,6 +157,7 @@ class TurnPipeline:
     """``{"pipeline": "audio.turn", ...}``: the process's one Smart Turn model."""
 
     name = PIPELINE
+    shed = False  # a listening session's end-of-turn check: never refused by load shedding (a few ms)
 
     def __init__(self) -> None:
         self.loops = (TurnLoop(SmartTurn()),)

@@ -33,6 +33,7 @@ from omniweb.engine.dispatch import (
     restore_blobs,
     split_for_layer,
 )
+from omniweb.errors import CAPACITY_MESSAGE
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (.ci/run installs it)"),
@@ -154,6 +155,25 @@ async def test_streams_over_redis_equal_the_local_engine(stack):
     assert isinstance(end.pop("rng_state"), str)
     assert end == {"type": "end", "status": "ok", "total_sentences": 2}
     assert sum(len(c["pcm"]) for c in chunks if c["type"] == "audio") > 24000
+
+
+async def test_the_web_tier_sheds_when_no_worker_has_room_and_sends_nothing(stack):
+    asked: list[str] = []
+
+    async def full(pipeline: str) -> float | None:
+        asked.append(pipeline)
+        return 1.5
+
+    layer = RedisChannelLayer(hosts=[stack.url])
+    client = ChannelEngineClient(layer, "omniweb-engine", lease=3.0, accept_timeout=5.0, redis_url=stack.url, room=full)
+    log: list[tuple[float, dict[str, Any]]] = []
+    claims = set(stack.run_redis(lambda r: r.keys("omniweb:claim:*")))
+    await collect(client, request("Refused at the web tier."), log)
+    assert [c for _, c in log] == [
+        {"type": "end", "status": "busy", "kind": "capacity", "message": CAPACITY_MESSAGE, "retry_after": 1.5}
+    ]
+    assert asked == [request("x")["pipeline"]]
+    assert set(stack.run_redis(lambda r: r.keys("omniweb:claim:*"))) == claims  # no worker was asked
 
 
 async def test_killed_worker_fails_its_streams_within_five_seconds_only(stack):

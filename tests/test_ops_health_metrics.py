@@ -267,7 +267,7 @@ async def redis_mode(settings, redis_url) -> Any:
     await client.aclose()
 
 
-def heartbeat(worker: str, *, age: float = 0.0, active: int = 3) -> str:
+def heartbeat(worker: str, *, age: float = 0.0, active: int = 3, **fields: Any) -> str:
     return json.dumps(
         {
             "worker": worker,
@@ -279,6 +279,7 @@ def heartbeat(worker: str, *, age: float = 0.0, active: int = 3) -> str:
             "steps_total": 1000,
             "batches_total": 100,
             "ts": time.time() - age,
+            **fields,
         }
     )
 
@@ -346,3 +347,37 @@ async def test_unreachable_redis_is_reported_not_waited_for(settings):
     assert status == 503 and body["ok"] is False
     assert body["channel_layer"]["reachable"] is False
     assert (await AsyncClient().get("/metrics")).status_code == 200  # metrics still render
+
+
+async def test_redis_mode_counts_only_ready_workers(redis_mode):
+    """A worker heartbeats while its models load; the web tier is not ready until one has them."""
+    loading = {"ready": False, "pipelines": {"speech.tts": "loading", "video.turn": "loading"}}
+    await redis_mode.set("omniweb:worker:gpu-1", heartbeat("gpu-1", **loading), ex=10)
+    status, body = await health()
+    assert status == 503 and body["status"] == "starting"
+    assert body["engine"]["workers_up"] == 1 and body["engine"]["workers_ready"] == 0
+    assert body["engine"]["state"] == "loading" and set(body["engine"]["loading"]) == {"speech.tts", "video.turn"}
+    degraded = {
+        "ready": True,
+        "pipelines": {"speech.tts": "ready", "video.turn": "failed"},
+        "failed": {"video.turn": "ModelLoadError: mediapipe is missing"},
+    }
+    await redis_mode.set("omniweb:worker:gpu-1", heartbeat("gpu-1", **degraded), ex=10)
+    status, body = await health()
+    assert status == 200 and body["status"] == "degraded" and body["engine"]["workers_ready"] == 1
+    assert body["engine"]["failed"] == {"video.turn": "ModelLoadError: mediapipe is missing"}
+    families = await scrape()
+    assert value(families, "omniweb_engine_ready", worker="gpu-1") == 1
+
+
+async def test_the_web_tier_refuses_when_no_ready_worker_has_room(redis_mode):
+    from omniweb.engine.runtime import WorkerRoom
+
+    full = {"ready": True, "estimated_wait_seconds": {"speech.tts": 3.5}}
+    await redis_mode.set("omniweb:worker:gpu-1", heartbeat("gpu-1", **full), ex=10)
+    await redis_mode.set("omniweb:worker:gpu-2", heartbeat("gpu-2", **{**full, "ready": False}), ex=10)
+    assert await WorkerRoom(2.0)("speech.tts") == pytest.approx(1.5)  # the loading worker does not count
+    assert await WorkerRoom(2.0)("video.turn") is None  # nothing estimated: the workers decide
+    room = {"ready": True, "estimated_wait_seconds": {"speech.tts": 0.4}}
+    await redis_mode.set("omniweb:worker:gpu-3", heartbeat("gpu-3", **room), ex=10)
+    assert await WorkerRoom(2.0)("speech.tts") is None

@@ -111,17 +111,18 @@ def _load(sched: Scheduler, factories: dict[str, Callable[[], Pipeline]], loadin
             status.load_seconds = round(time.monotonic() - t0, 3)
             sched.add_pipeline(name, pipeline)
             status.state = "ready"
+        ready = [name for name, s in loading.pipelines.items() if s.state == "ready"]
+        failed = [name for name, s in loading.pipelines.items() if s.state == "failed"]
+        # Logged before ``done`` is set: whoever waited for readiness finds the line already written.
+        logger.info(
+            "ready: models loaded in %.1f s (%s)%s; the engine serves requests on %d workers",
+            time.monotonic() - started,
+            ", ".join(ready) or "none",
+            f"; failed to load: {', '.join(failed)}" if failed else "",
+            settings.ENGINE_WORKERS,
+        )
     finally:
         loading.done.set()
-    ready = [name for name, s in loading.pipelines.items() if s.state == "ready"]
-    failed = [name for name, s in loading.pipelines.items() if s.state == "failed"]
-    logger.info(
-        "ready: models loaded in %.1f s (%s)%s; the engine serves requests on %d workers",
-        time.monotonic() - started,
-        ", ".join(ready) or "none",
-        f"; failed to load: {', '.join(failed)}" if failed else "",
-        settings.ENGINE_WORKERS,
-    )
 
 
 def get_scheduler() -> Scheduler:
