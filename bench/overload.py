@@ -9,12 +9,17 @@ One run, against the README's server started here (``manage.py runserver``, its 
    streamed) from another client address (127.0.0.2, a tenant of its own); meanwhile the same
    WebSocket session speaks again, ``--probes`` times, and measures its first audio.
 
+3. floor (unless ``--no-floor``): a second server with a 1 ms budget, which refuses every
+   request, takes the same burst: how fast this machine's server answers that many requests at
+   all, the floor under any refusal time.
+
 It prints, side by side: how many requests were admitted and refused; the admitted ones' first
 bytes (p50/p95/max) against the budget × 1.25; how fast the refusals came (p50/p95/max against
-100 ms) and whether each carried ``Retry-After``; the session's first audio during the burst
-against its idle first audio (ratio). Exit status 1 when a target is missed.
+100 ms, and against the floor's) and whether each carried ``Retry-After``; the session's first
+audio (streamed PCM) during the burst against its idle first audio (ratio). Exit status 1 when a
+target is missed.
 
-    python bench/overload.py [--requests 300] [--probes 3]
+    python bench/overload.py [--requests 300] [--probes 3] [--no-floor]
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ async def http_speech(port: int, started: asyncio.Event) -> dict[str, Any]:
     status = int(lines[0].split()[1])
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
     out: dict[str, Any] = {"status": status, "t_status": t_status, "retry_after": headers.get("retry-after")}
+    out["door"] = "x-frame-options" not in headers  # answered by the front door, before Django
     if status == 200:
         size_line = await reader.readuntil(b"\r\n")  # chunked: the first chunk's size, then its bytes
         if int(size_line.strip(), 16) > 0:
@@ -95,6 +101,34 @@ async def probe(url: str, ws: Any) -> float:
     return float("nan") if utt.errors else utt.first_audio
 
 
+async def floor(args: argparse.Namespace) -> list[float]:
+    """The refusal times of the same burst at a server that refuses everything (1 ms budget)."""
+    port = free_port()
+    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"omniweb-overload-floor-{port}.log"
+    saved = os.environ.get("OMNIWEB_ENGINE_ADMIT_BUDGET_MS")
+    os.environ["OMNIWEB_ENGINE_ADMIT_BUDGET_MS"] = "1"
+    try:
+        server = Server(port, log_path)
+    finally:
+        if saved is None:
+            del os.environ["OMNIWEB_ENGINE_ADMIT_BUDGET_MS"]
+        else:
+            os.environ["OMNIWEB_ENGINE_ADMIT_BUDGET_MS"] = saved
+    try:
+        await server.wait_accepting()
+        go = asyncio.Event()
+        go.set()
+        await http_speech(port, go)  # the engine learns a first audio's cost; all else is refused
+        started = asyncio.Event()
+        flood = [asyncio.ensure_future(http_speech(port, started)) for _ in range(args.requests)]
+        await asyncio.sleep(0.5)
+        started.set()
+        results = await asyncio.gather(*flood)
+    finally:
+        server.stop()
+    return [r["t_status"] for r in results if r["status"] == 503]
+
+
 async def run(args: argparse.Namespace) -> int:
     port = free_port()
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"omniweb-overload-{port}.log"
@@ -103,7 +137,7 @@ async def run(args: argparse.Namespace) -> int:
     try:
         await server.wait_accepting()
         async with ws_connect(server.url) as ws:
-            await ws.send(json.dumps({"type": "session.config", "response_format": "pcm"}))
+            await ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "stream_audio": True}))
             idle = [await probe(server.url, ws) for _ in range(5)]
             warm = asyncio.Event()
             warm.set()
@@ -124,6 +158,7 @@ async def run(args: argparse.Namespace) -> int:
             after = await asyncio.to_thread(local_engine, port)
     finally:
         server.stop()
+    floor_refusals = [] if args.no_floor else await floor(args)
     failures = [r for r in results if isinstance(r, BaseException)]
     done = [r for r in results if isinstance(r, dict)]
     admitted = [r for r in done if r["status"] == 200]
@@ -145,11 +180,20 @@ async def run(args: argparse.Namespace) -> int:
           f"   <= {ms(budget * 1.25)}")  # fmt: skip
     print(f"  refusal             {ms(pct(refusals, .5))} {ms(pct(refusals, .95))} {ms(max(refusals, default=0))}"
           f"   <= {ms(REFUSAL_TARGET)}")  # fmt: skip
+    door = [r["t_status"] for r in refused if r["door"]]
+    late = [r["t_status"] for r in refused if not r["door"]]
+    for label, times in (("  at the front door", door), ("  after admission  ", late)):
+        print(f"{label}  {ms(pct(times, 0.5))} {ms(pct(times, 0.95))} {ms(max(times, default=0))}   ({len(times)})")
+    if floor_refusals:
+        print(f"  floor: all refused   {ms(pct(floor_refusals, .5))} {ms(pct(floor_refusals, .95))}"
+              f" {ms(max(floor_refusals))}   ({len(floor_refusals)} of {args.requests} at a 1 ms budget)")  # fmt: skip
+        print(f"  refusal / floor       {pct(refusals, .5) / pct(floor_refusals, .5):8.2f}x"
+              f"   {pct(refusals, .95) / pct(floor_refusals, .95):8.2f}x")  # fmt: skip
     ends = [r["t_end"] for r in admitted]
     print(f"  admitted whole file {ms(pct(ends, 0.5))} {ms(pct(ends, 0.95))} {ms(max(ends, default=0))}")
     with_retry = sum(1 for r in refused if r["retry_after"])
     print(f"  refusals with Retry-After: {with_retry} of {len(refused)}")
-    print("real-time WebSocket session from 127.0.0.1 (one sentence, PCM), first audio:")
+    print("real-time WebSocket session from 127.0.0.1 (one sentence, streamed PCM), first audio:")
     print(f"  idle   {', '.join(f'{x * 1000:.0f}' for x in idle)} ms (median {idle_med * 1000:.0f} ms)")
     print(f"  burst  {', '.join(f'{x * 1000:.0f}' for x in during)} ms (median {during_med * 1000:.0f} ms)")
     print(f"  ratio  {during_med / idle_med:.2f}x of idle; refused {refused_probes} of {len(during)}")
@@ -173,6 +217,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--probes", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=16, help="simultaneous requests of each warm-up burst")
+    parser.add_argument("--no-floor", action="store_true", help="skip the all-refused floor phase")
     return asyncio.run(run(parser.parse_args()))
 
 

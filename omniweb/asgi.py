@@ -5,7 +5,10 @@ from __future__ import annotations
 import atexit
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+from asgiref.sync import ThreadSensitiveContext
 from django.conf import settings
 from django.core.asgi import get_asgi_application
 
@@ -24,6 +27,23 @@ from omniweb.security import browser_origin_validator, known_paths_only  # noqa:
 from omniweb.transport import send_buffer_probe  # noqa: E402
 from speech.tts.loops import PIPELINE as TTS_PIPELINE  # noqa: E402
 
+# Django runs a request's few synchronous parts (the request signals, response.close) on a thread
+# of that request's own, started and then joined by another new thread (asgiref's
+# ThreadSensitiveContext): two thread starts per request, each holding the event loop until the new
+# thread runs, which under load took most of the time a burst of refused requests waited. The
+# views are async and keep no state in those parts, so all requests share one long-lived thread;
+# Django's own context then finds this one set and starts none.
+_DJANGO_SYNC = ThreadPoolExecutor(max_workers=1, thread_name_prefix="django-sync")
+
+
+def shared_sync_thread(app: Any) -> Any:
+    async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        async with ThreadSensitiveContext(executor=_DJANGO_SYNC):
+            return await app(scope, receive, send)
+
+    return wrapped
+
+
 # Every connection's engine requests carry its tenant (fair ordering between clients).
 application = EngineTenant(
     ProtocolTypeRouter(
@@ -31,7 +51,9 @@ application = EngineTenant(
             # HTTP through Django; a streamed body that cannot be completed is broken off (omniweb.openai_api.asgi).
             # Speech requests this engine would refuse under load are answered 503 before Django.
             "http": shed_early(
-                http_abort(django_asgi_app), {"/v1/audio/speech": TTS_PIPELINE}, json.dumps(busy().body()).encode()
+                http_abort(shared_sync_thread(django_asgi_app)),
+                {"/v1/audio/speech": TTS_PIPELINE},
+                json.dumps(busy().body()).encode(),
             ),
             # Unknown paths refused first; the Origin check, then API tokens and the per-client session
             # limit (omniweb.auth), then routes.

@@ -271,6 +271,32 @@ def test_admission_control_refuses_at_once_when_full(make_scheduler):
     wait_idle(sched)
 
 
+def test_admitted_requests_the_measured_pace_cannot_start_in_time_are_ended_early(make_scheduler):
+    """Load shedding admitted a burst on a quiet cost that the engine no longer meets (its steps
+    became 20 times slower, as when the cores are taken by other work): once the pace of its first
+    media shows which requests would start past the budget, those end as at capacity, long before
+    the budget has passed, and the others are served."""
+    sched, _ = make_scheduler(workers=1, max_batch=1, admit_budget=1.0)
+    warm = Collector()
+    sched.submit("warm", {"pipeline": "count", "steps": 1, "delay": 0.01}, warm)
+    assert warm.ended.wait(5)
+    log = OrderLog()
+    names = [f"r{i}" for i in range(20)]
+    for name in names:  # admitted: 20 quiet first costs fit the budget
+        sched.submit(name, {"pipeline": "count", "steps": 1, "delay": 0.2}, log.sink(name))
+    for name in names:
+        assert log.ended[name].wait(10)
+    served = [name for name, _ in log.log]
+    shed = [name for name in names if name not in served]
+    assert len(served) >= 2 and len(shed) >= 10, (served, shed)
+    assert all(log.ends[name]["kind"] == "capacity" for name in shed)
+    # Ended while the fourth request was still to be served: at 0.2 s a request, that is within
+    # 0.8 s of the burst, where waiting out the 1 s budget would have served five first.
+    fourth = log.events.index(("tick", served[3])) if len(served) > 3 else len(log.events)
+    assert all(log.events.index(("end", name)) < fourth for name in shed)
+    wait_idle(sched)
+
+
 def test_a_failing_step_ends_only_its_request(make_scheduler, caplog):
     sched, pipeline = make_scheduler(workers=1, max_batch=1)
     bad, good = Collector(), Collector()
@@ -406,6 +432,8 @@ class OrderLog:
 
     def __init__(self) -> None:
         self.log: list[tuple[str, int]] = []
+        self.events: list[tuple[str, str]] = []  # ("tick" or "end", request) in the order they came
+        self.ends: dict[str, dict[str, Any]] = {}
         self.lock = threading.Lock()
         self.ended: dict[str, threading.Event] = {}
 
@@ -416,7 +444,10 @@ class OrderLog:
             with self.lock:
                 if chunk["type"] == "tick":
                     self.log.append((name, chunk["i"]))
+                    self.events.append(("tick", name))
                 elif chunk["type"] == "end":
+                    self.events.append(("end", name))
+                    self.ends[name] = chunk
                     self.ended[name].set()
 
         return put

@@ -7,6 +7,7 @@ path, put a ``LocalEngineClient`` over it in place of the runtime's client.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -330,3 +331,55 @@ async def test_a_shed_realtime_response_is_an_error_event_and_a_failed_response(
     assert error["error"]["code"] == "capacity" and "capacity" in error["error"]["message"]
     done = events[-1]["response"]
     assert done["status"] == "failed" and done["status_details"]["error"]["code"] == "capacity"
+
+
+async def test_http_requests_start_no_thread_of_their_own(monkeypatch):
+    """Django's synchronous parts of every request (its signals, response.close) run on one shared
+    thread: a thread started per request held the event loop while a burst was being refused."""
+    import contextvars
+
+    from omniweb.asgi import application
+
+    async def get() -> int:
+        """One request as daphne makes it: in a context of its own, with no thread-sensitive one set."""
+        sent: list[dict[str, Any]] = []
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": "/no-such-page",
+            "raw_path": b"/no-such-page",
+            "query_string": b"",
+            "headers": [(b"host", b"localhost")],
+            "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 8000),
+        }
+
+        bodies = [{"type": "http.request", "body": b"", "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if bodies:
+                return bodies.pop()
+            await asyncio.Event().wait()  # no disconnect: Django stops listening when it has answered
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await asyncio.get_running_loop().create_task(application(scope, receive, send), context=contextvars.Context())
+        return sent[0]["status"]
+
+    assert await get() == 404  # the shared thread starts here
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def counting_start(self: threading.Thread) -> None:
+        started.append(self.name)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    for _ in range(5):
+        assert await get() == 404
+    assert started == []

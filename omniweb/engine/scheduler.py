@@ -44,6 +44,8 @@ MAX_INSTANT_WAKES = 8  # a WaitFor woken at once this many times in a row withou
 COST_SMOOTHING = 0.2  # weight of the newest sample in a pipeline's measured costs (an EWMA)
 SLOWDOWN_MIN_WAIT = 0.25  # seconds: shorter estimated waits (an idle engine) say nothing of contention
 SLOWDOWN_MAX = 4.0
+PACE_CHECK_SECONDS = 0.05  # how often admitted requests are re-checked against the measured pace
+PACE_SMOOTHING = 0.5  # weight of the newest gap in the measured pace: a burst's must show within a few
 RESERVATION_SECONDS = 30.0  # a front-door admission not submitted by then is dropped from the estimates
 
 
@@ -189,6 +191,13 @@ class Scheduler:
         # workers share the cores with the event loop, encoders and each other, so W workers do
         # less than W times one worker's work. Estimates are scaled by it.
         self._slowdown = 1.0
+        # Per pipeline: wall-clock seconds between consecutive first media while every worker had a
+        # request waiting for its first media (an EWMA): the pace at which a saturated engine
+        # starts requests, with all else the process does meanwhile (HTTP, encoders, the loop).
+        # Under a burst it is several times the quiet per-request cost over the workers.
+        self._first_gap: dict[str, float] = {}
+        self._last_first: dict[str, tuple[float, bool]] = {}  # pipeline -> (time, saturated then)
+        self._next_pace_check = 0.0
         self._reservations: dict[int, _Reservation] = {}  # admitted at the front door, not submitted yet
         self._next_reservation = 0
         self._n_workers = max(1, workers)
@@ -413,7 +422,7 @@ class Scheduler:
                 if j.tenant == tenant and not j.batch and j.first_media_at is None
             )
             ahead += sum(1 for r in self._reservations.values() if r.tenant == tenant)
-            fair_delay = ahead * cost / self._n_workers
+            fair_delay = ahead * self._pace(name)
         return fair_delay, self._estimate(name, submitted_at + self._budget + fair_delay, cost)
 
     def _estimate(self, name: str, deadline: float, own: float | None = None) -> float:
@@ -426,36 +435,49 @@ class Scheduler:
         now = time.monotonic()
         horizon = self._admit_budget or self._budget  # at most this much of a stream counts
         self._expire_reservations(now)
-        before = sum(self._first_cost.get(r.pipeline, 0.0) for r in self._reservations.values())
+        pending = len(self._reservations)  # requests before it still waiting for their first media
+        first = sum(self._first_cost.get(r.pipeline, 0.0) for r in self._reservations.values())
+        streams = 0.0
         for j in (*self._active.values(), *self._queued):
             if j.finished or j.batch:
                 continue
             if j.first_media_at is None:
                 if j.first_deadline(self._budget) <= deadline:
-                    before += max(0.0, self._first_cost.get(j.pipeline.name, 0.0) - j.work_seconds)
+                    pending += 1
+                    first += max(0.0, self._first_cost.get(j.pipeline.name, 0.0) - j.work_seconds)
             else:
                 due = deadline - (j.first_media_at + j.media_seconds)
-                before += self._media_cost.get(j.pipeline.name, 0.0) * min(horizon, max(0.0, due))
+                streams += self._media_cost.get(j.pipeline.name, 0.0) * min(horizon, max(0.0, due))
+        # The first media ahead take their work over the workers, or the saturated engine's
+        # measured pace, whichever is slower.
+        ahead = max(first / self._n_workers, pending * self._first_gap.get(name, 0.0))
         own_cost = self._first_cost.get(name, 0.0) if own is None else own
-        return self._slowdown * (before / self._n_workers + own_cost)
+        return self._slowdown * (ahead + streams / self._n_workers + own_cost)
+
+    def _pace(self, name: str) -> float:
+        """Seconds between first media of ``name`` requests on a saturated engine: measured, or
+        (never saturated yet) one request's first-media work over the workers."""
+        return max(self._first_cost.get(name, 0.0) / self._n_workers, self._first_gap.get(name, 0.0))
 
     def _expire(self, now: float) -> None:
-        """End, as at capacity, every admitted real-time request that has waited past the admission
-        budget without one step run: the estimate that admitted it was wrong (a cold burst, the
-        cores busier than measured), and its first media would now come later than the budget.
-        It learns from them, so the next estimates are closer."""
-        late = [
+        """End, as at capacity, every admitted real-time request with no step run yet whose first
+        media can no longer come within the admission budget: it has waited past the budget, or
+        (checked every ``PACE_CHECK_SECONDS``) its place among the requests waiting for their first
+        media, at the engine's measured pace, puts it past the budget. The estimate that admitted
+        it was wrong (a cold burst, the cores busier than measured); ending it now answers its
+        client in a fraction of the budget. It learns from them, so the next estimates are closer."""
+        waiting = [
             j
             for j in (*self._active.values(), *self._queued)
-            if j.unscaled_wait is not None
-            and j.first_media_at is None
-            and j.work_seconds == 0.0
-            and not j.busy()
-            and now - j.submitted_at > self._admit_budget
+            if not j.finished and not j.batch and j.first_media_at is None
         ]
+        late = [j for j in waiting if self._sheddable(j) and now - j.submitted_at > self._admit_budget]
+        if now >= self._next_pace_check:
+            self._next_pace_check = now + PACE_CHECK_SECONDS
+            late += self._behind_pace(waiting, now, set(late))
         for job in late:
             ratio = (now - job.submitted_at) / max(job.unscaled_wait or 0.0, SLOWDOWN_MIN_WAIT)
-            self._slowdown += COST_SMOOTHING * (min(max(ratio, 0.5), SLOWDOWN_MAX) - self._slowdown)
+            self._slowdown += COST_SMOOTHING * (min(max(ratio, 1.0), SLOWDOWN_MAX) - self._slowdown)
             if job in self._queued:
                 self._queued.remove(job)
             job.finished = True
@@ -464,6 +486,28 @@ class Scheduler:
             self._emit(job, engine_end(ErrorKind.CAPACITY, CAPACITY_MESSAGE, retry_after=1.0))
         if late:
             self._promote()
+
+    @staticmethod
+    def _sheddable(job: _Job) -> bool:
+        return job.unscaled_wait is not None and job.work_seconds == 0.0 and not job.busy()
+
+    def _behind_pace(self, waiting: list[_Job], now: float, late: set[_Job]) -> list[_Job]:
+        """The waiting requests that the measured pace would start after their budget: in the
+        order they start in (first deadline), the k-th of a pipeline at about ``now + k × pace``."""
+        behind: list[_Job] = []
+        place: dict[str, int] = {}
+        for job in sorted(waiting, key=lambda j: j.first_deadline(self._budget)):
+            if job in late:
+                continue
+            name = job.pipeline.name
+            gap = self._first_gap.get(name)
+            k = place[name] = place.get(name, 0) + 1
+            if gap is None or not self._sheddable(job) or not self._sheds(job.pipeline):
+                continue
+            if now + k * gap - job.submitted_at > self._admit_budget:
+                behind.append(job)
+                place[name] -= 1  # it leaves the line: the ones after it move up
+        return behind
 
     def _expire_reservations(self, now: float) -> None:
         """A reservation that was neither submitted nor released in time is a leak: drop it."""
@@ -787,12 +831,31 @@ class Scheduler:
                 job.first_work = job.work_seconds
                 job.first_media_seconds = result.media_seconds
                 self._learn(self._first_cost, job.pipeline.name, job.work_seconds)
+                self._learn_pace(job)
                 if job.unscaled_wait is not None and job.unscaled_wait >= SLOWDOWN_MIN_WAIT:
                     ratio = (job.first_media_at - job.submitted_at) / job.unscaled_wait
-                    self._slowdown += COST_SMOOTHING * (min(max(ratio, 0.5), SLOWDOWN_MAX) - self._slowdown)
+                    self._slowdown += COST_SMOOTHING * (min(max(ratio, 1.0), SLOWDOWN_MAX) - self._slowdown)
             job.media_seconds += result.media_seconds
         for chunk in result.chunks:
             self._emit(job, chunk)
+
+    def _learn_pace(self, job: _Job) -> None:
+        """At a first media: the gap since the pipeline's previous one, when every worker had a
+        request waiting for its first media both then and now (the engine was saturated)."""
+        name = job.pipeline.name
+        now = job.first_media_at or time.monotonic()
+        waiting = sum(
+            1
+            for j in (*self._active.values(), *self._queued)
+            if j is not job and j.pipeline.name == name and not j.batch and not j.finished and j.first_media_at is None
+        )
+        saturated = waiting >= self._n_workers
+        previous = self._last_first.get(name)
+        if saturated and previous is not None and previous[1]:
+            old = self._first_gap.get(name)
+            gap = now - previous[0]
+            self._first_gap[name] = gap if old is None else old + PACE_SMOOTHING * (gap - old)
+        self._last_first[name] = (now, saturated)
 
     @staticmethod
     def _run(plans: Sequence[WorkPlan | None]) -> tuple[list[StepResult | None], list[BaseException | None]]:
