@@ -83,8 +83,11 @@ async def warm_up(url: str, timeout: float = 180.0) -> None:
             await asyncio.sleep(1.0)
 
 
-async def speak_file(base: str, text: str, path: Path, *extra: str) -> tuple[float, float]:
+async def speak_file(
+    base: str, text: str, path: Path, *extra: str, making: asyncio.Event | None = None
+) -> tuple[float, float]:
     """Run ``manage.py speak`` (its defaults plus ``extra``); (wall seconds, seconds of audio in the file).
+    ``making`` is set when its first sentence has come (past the command's start-up).
 
     It must have spoken the text sentence by sentence (the default ``--split sentence``, several engine
     requests): a file that came as one sentence measures another path."""
@@ -93,11 +96,18 @@ async def speak_file(base: str, text: str, path: Path, *extra: str) -> tuple[flo
         sys.executable, "manage.py", "speak", text, "-o", str(path), "--url", base, *extra,
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    out, err = await proc.communicate()
+    assert proc.stdout is not None and proc.stderr is not None
+    sentences = 0
+    async for line in proc.stdout:
+        if line.startswith(b"sentence "):
+            sentences += 1
+            if making is not None:
+                making.set()
+    err = await proc.stderr.read()
+    await proc.wait()
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"speak failed: {err.decode().strip()}")
-    sentences = sum(line.startswith("sentence ") for line in out.decode().splitlines())
     if sentences != N_SENTENCES:
         raise RuntimeError(f"speak sent {sentences} sentences, not {N_SENTENCES}: not the --split sentence default")
     with wave.open(str(path)) as w:
@@ -105,6 +115,8 @@ async def speak_file(base: str, text: str, path: Path, *extra: str) -> tuple[flo
 
 
 def row(name: str, xs: list[float]) -> str:
+    if not xs:
+        return f"| {name} | 0 | - | - | - |"
     cells = " | ".join(f"{pct(xs, q) * 1000:.0f}" for q in (50, 95)) + f" | {max(xs) * 1000:.0f}"
     return f"| {name} | {len(xs)} | {cells} |"
 
@@ -120,9 +132,9 @@ async def run(args: argparse.Namespace) -> int:
         text = long_flush_text(N_SENTENCES)
         with tempfile.TemporaryDirectory() as tmp:
             alone = await realtime_first_audio(server.url, args.n)
-            stop = asyncio.Event()
-            job = asyncio.ensure_future(speak_file(base, text, Path(tmp) / "batch.wav"))
-            await asyncio.sleep(3.0)  # past the command's start-up: the file is being made
+            stop, making = asyncio.Event(), asyncio.Event()
+            job = asyncio.ensure_future(speak_file(base, text, Path(tmp) / "batch.wav", making=making))
+            await making.wait()  # past the command's start-up: the file is being made
             beside = asyncio.ensure_future(realtime_first_audio(server.url, args.n, stop))
             wall, seconds = await job
             stop.set()
