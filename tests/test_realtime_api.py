@@ -365,6 +365,69 @@ async def test_openais_realtime_and_transcription_names_are_accepted(base: str) 
     await client.close()
 
 
+# -- transcription sessions ---------------------------------------------------------------------------
+async def raw_events(ws: Any, kind: str, timeout: float = 60) -> list[dict[str, Any]]:
+    """Raw JSON events up to and including the first of type ``kind``."""
+    events: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while not events or events[-1]["type"] != kind:
+        events.append(json.loads(await asyncio.wait_for(ws.recv(), max(0.1, deadline - time.monotonic()))))
+    return events
+
+
+async def test_a_transcription_session_transcribes_each_turn_and_answers_none(base: str, spoken: bytes) -> None:
+    """What openai-agents' StreamedAudioInput sends (its defaults: gpt-transcribe, semantic_vad)."""
+    url = base.replace("http", "ws", 1) + "/v1/realtime?intent=transcription"
+    async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+        created = (await raw_events(ws, "session.created"))[-1]["session"]
+        assert created["type"] == "transcription" and created["object"] == "realtime.transcription_session"
+        audio_input = {
+            "format": {"type": "audio/pcm", "rate": 24000},
+            "transcription": {"model": "gpt-transcribe", "languages": ["en"]},
+            "turn_detection": {"type": "semantic_vad"},
+        }
+        await ws.send(
+            json.dumps(
+                {"type": "session.update", "session": {"type": "transcription", "audio": {"input": audio_input}}}
+            )
+        )
+        updated = (await raw_events(ws, "session.updated"))[-1]["session"]
+        assert updated["audio"]["input"]["turn_detection"]["type"] == "semantic_vad"
+        step = RATE * 2 * CHUNK_MS // 1000
+        for i in range(0, len(spoken), step):
+            chunk = base64.b64encode(spoken[i : i + step]).decode()
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+        events = await raw_events(ws, "conversation.item.input_audio_transcription.completed")
+        types = [e["type"] for e in events]
+        assert "error" not in types, events
+        committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+        assert types.index("input_audio_buffer.speech_stopped") < types.index("input_audio_buffer.committed")
+        assert events[-1]["item_id"] == committed["item_id"] and "people" in events[-1]["transcript"].lower()
+        # Nothing is answered, and asking for an answer is refused with the session kept.
+        await ws.send(json.dumps({"type": "response.create", "event_id": "evt-1"}))
+        refused = (await raw_events(ws, "error"))[-1]["error"]
+        assert refused["code"] == "invalid_event_type" and refused["event_id"] == "evt-1"
+        assert "response.created" not in types
+        # The end of input as the SDK ends it: a commit of what is left (the trailing silence: an
+        # item whose transcript is empty, or refused as too short), then a clear.
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "event_id": "final"}))
+        last = (await raw_events(ws, "input_audio_buffer.committed"))[-1]
+        done = (await raw_events(ws, "conversation.item.input_audio_transcription.completed"))[-1]
+        assert done["item_id"] == last["item_id"] and not done["transcript"].strip()
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "event_id": "empty"}))
+        empty = (await raw_events(ws, "error"))[-1]["error"]
+        assert empty["code"] == "input_audio_buffer_commit_empty" and empty["event_id"] == "empty"
+        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        assert (await raw_events(ws, "input_audio_buffer.cleared"))[-1]["type"] == "input_audio_buffer.cleared"
+
+
+async def test_a_session_keeps_its_type(conn: Any) -> None:
+    await conn.session.update(session={"type": "transcription"})
+    error = await expect_error(conn, param="session.type", code="invalid_value")
+    assert "intent=transcription" in error.message
+    assert (await configure(conn, instructions="Still a conversation.")).instructions == "Still a conversation."
+
+
 # -- access --------------------------------------------------------------------------------------------
 async def test_a_missing_or_wrong_token_is_refused(base: str) -> None:
     client = openai.AsyncOpenAI(api_key="wrong", base_url=base + "/v1", max_retries=0)

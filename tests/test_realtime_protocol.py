@@ -31,11 +31,11 @@ def refused(event: dict[str, Any] | str) -> RealtimeError:
     return info.value
 
 
-def update(session: P.Session, **fields: Any) -> P.Session:
+def update(session: P.AnySession, **fields: Any) -> P.AnySession:
     return P.update_session(session, fields, VOICES)
 
 
-def update_refused(session: P.Session, **fields: Any) -> RealtimeError:
+def update_refused(session: P.AnySession, **fields: Any) -> RealtimeError:
     with pytest.raises(RealtimeError) as info:
         update(session, **fields)
     return info.value
@@ -62,6 +62,32 @@ def test_new_session_has_openais_defaults_in_the_ga_shape() -> None:
     assert wire.audio.input.transcription is None
     assert wire.audio.output.voice == "alloy"
     assert session.id.startswith("sess_")
+
+
+def test_a_transcription_session_in_the_ga_shape_that_the_sdk_parses() -> None:
+    session = P.new_session(VOICES, intent="transcription")
+    assert isinstance(session, P.TranscriptionSession) and not session.responds
+    wire = sdk_parses(P.session_created(session)).session
+    assert wire.type == "transcription" and wire.audio.input.transcription.model == "whisper-1"
+    agents = {
+        "type": "transcription",
+        "audio": {
+            "input": {
+                "format": {"type": "audio/pcm", "rate": 24000},
+                "transcription": {"model": "gpt-transcribe", "languages": ["en"], "prompt": "Cups and tables."},
+                "turn_detection": {"type": "semantic_vad"},
+            }
+        },
+    }
+    updated = update(session, **agents)
+    assert updated.audio.input.transcription.languages == ["en"] and updated.turn_detection.type == "semantic_vad"
+    sdk_parses(P.session_updated(updated))
+    bad = update_refused(session, audio={"input": {"transcription": {"model": "whisper-1", "languages": ["fr"]}}})
+    assert bad.param == "session.audio.input.transcription.languages" and "English-only" in str(bad)
+    assert update_refused(session, type="realtime").param == "session.type"
+    assert update_refused(session, instructions="x").code == "unknown_parameter"  # no conversation here
+    assert update_refused(P.new_session(VOICES), type="transcription").param == "session.type"
+    assert update_refused(P.new_session(VOICES), type="translation").param == "session.type"
 
 
 def test_updates_merge_into_the_effective_session() -> None:

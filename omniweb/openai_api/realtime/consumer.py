@@ -115,7 +115,9 @@ class RealtimeConsumer(SessionConsumer):
         }
         query = parse_qs(self.scope.get("query_string", b"").decode("latin1"))
         model = (query.get("model") or [P.DEFAULT_MODEL])[0][:128]
-        self.config = P.new_session(self.voices, model=model)  # SessionConsumer.config: never None here
+        intent = (query.get("intent") or [None])[0]  # "transcription": a transcription session
+        # SessionConsumer.config: never None here
+        self.config: P.AnySession = P.new_session(self.voices, model=model, intent=intent)
         self.items = P.Conversation(MAX_ITEMS)
         self.vad_item_id: str | None = None  # the item id announced with speech_started
         self.running: _Running | None = None
@@ -287,8 +289,7 @@ class RealtimeConsumer(SessionConsumer):
         item_id = self.vad_item_id or P.new_id("item")
         self.vad_item_id = None
         item = await self._commit(segment.audio, item_id, event_id=None, transcript=await segment.transcript())
-        td = self.config.turn_detection
-        if item is not None and td is not None and td.create_response:
+        if item is not None and self.config.responds:
             if self.running is not None:  # interrupt_response was off: the new turn waits for no one
                 await self._cancel(P.cancelled("turn_detected"))
             await self._respond(P.ResponseParams(), event_id=None)
@@ -323,8 +324,7 @@ class RealtimeConsumer(SessionConsumer):
         if transcript is not None:
             await self._transcribed(item, transcript)
             return item
-        td = self.config.turn_detection
-        responding = td is not None and td.create_response and event_id is None
+        responding = self.config.responds and event_id is None
         if self.config.audio.input.transcription is not None and not responding:
             self._spawn(self._transcribe(item), "realtime transcription")
         return item
@@ -478,6 +478,12 @@ class RealtimeConsumer(SessionConsumer):
 
     # -- responses ---------------------------------------------------------------------------------
     async def on_response_create(self, event: P.ResponseCreateEvent) -> None:
+        if isinstance(self.config, P.TranscriptionSession):
+            raise RealtimeError(
+                "A transcription session creates no responses; connect to /v1/realtime for a conversation",
+                code="invalid_event_type",
+                event_id=event.event_id,
+            )
         await self._respond(event.response or P.ResponseParams(), event.event_id)
 
     async def on_response_cancel(self, event: P.ResponseCancelEvent) -> None:
@@ -500,6 +506,7 @@ class RealtimeConsumer(SessionConsumer):
                 event_id=event_id,
             )
         session = self.config
+        assert isinstance(session, P.Session)  # a transcription session refused response.create
         modalities = tuple(params.output_modalities or session.output_modalities)
         if "audio" in modalities:
             modalities = ("audio",)  # the audio's transcript is the text

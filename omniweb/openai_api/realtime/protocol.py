@@ -227,7 +227,16 @@ TurnDetection = Annotated[
 class Transcription(_Strict):
     model: str = "whisper-1"
     language: str | None = None
+    languages: list[str] | None = Field(default=None, max_length=8)  # gpt-transcribe's form of language
     prompt: str | None = Field(default=None, max_length=2000)
+
+    @field_validator("languages")
+    @classmethod
+    def _known_languages(cls, value: list[str] | None) -> list[str] | None:
+        for language in value or ():
+            if language not in TRANSCRIBE_LANGUAGES:
+                raise ValueError(f"'{excerpt(language)}' is not available; the transcriber is English-only ('en')")
+        return value
 
     @field_validator("model")
     @classmethod
@@ -300,6 +309,12 @@ def _check_modalities(value: list[str]) -> list[str]:
     return list(dict.fromkeys(value))
 
 
+def _no_logprobs(value: list[str] | None) -> list[str] | None:
+    if value:
+        raise _unsupported("include (transcription logprobs)")
+    return value or None
+
+
 class _ResponseOptions(_Strict):
     """What a session and a response.create share and this server refuses beyond the defaults."""
 
@@ -358,12 +373,7 @@ class Session(_ResponseOptions):
             raise _unsupported(str(info.field_name))
         return None
 
-    @field_validator("include")
-    @classmethod
-    def _no_logprobs(cls, value: list[str] | None) -> list[str] | None:
-        if value:
-            raise _unsupported("include (transcription logprobs)")
-        return value or None
+    _include = field_validator("include")(_no_logprobs)
 
     def wire(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -371,6 +381,49 @@ class Session(_ResponseOptions):
     @property
     def turn_detection(self) -> ServerVad | SemanticVad | None:
         return self.audio.input.turn_detection
+
+    @property
+    def responds(self) -> bool:
+        """Whether a turn that turn detection ends is answered (``create_response``)."""
+        td = self.audio.input.turn_detection
+        return td is not None and td.create_response
+
+
+class TranscriptionAudio(_Strict):
+    input: AudioInput = Field(default_factory=lambda: AudioInput(transcription=Transcription()))
+
+
+class TranscriptionSession(_Strict):
+    """A transcription session (``/v1/realtime?intent=transcription``, or ``session.type:
+    "transcription"``): the input audio is committed by turn detection or by the client and
+    transcribed; nothing is answered. What session.created and session.updated carry."""
+
+    type: Literal["transcription"] = "transcription"
+    object: Literal["realtime.transcription_session"] = "realtime.transcription_session"
+    id: str = Field(default_factory=lambda: new_id("sess"))
+    expires_at: int = 0
+    audio: TranscriptionAudio = Field(default_factory=TranscriptionAudio)
+    include: list[str] | None = None
+
+    _include = field_validator("include")(_no_logprobs)
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @property
+    def turn_detection(self) -> ServerVad | SemanticVad | None:
+        return self.audio.input.turn_detection
+
+    @property
+    def responds(self) -> bool:
+        return False
+
+
+AnySession = Session | TranscriptionSession
+SESSION_TYPES: dict[str, type[Session] | type[TranscriptionSession]] = {
+    "realtime": Session,
+    "transcription": TranscriptionSession,
+}
 
 
 # Objects a session.update replaces whole (their omitted fields take the defaults), not merges.
@@ -387,25 +440,44 @@ def _merge(base: dict[str, Any], update: Mapping[str, Any], path: tuple[str, ...
             base[key] = value
 
 
-def new_session(voices: Mapping[str, str], default_voice: str = DEFAULT_VOICE, model: str | None = None) -> Session:
-    """The session on connect: OpenAI's defaults, with the server's voice when ``alloy`` is mapped away."""
+def new_session(
+    voices: Mapping[str, str], default_voice: str = DEFAULT_VOICE, model: str | None = None, intent: str | None = None
+) -> AnySession:
+    """The session on connect: OpenAI's defaults, with the server's voice when ``alloy`` is mapped
+    away; a transcription session for ``intent=transcription`` (whisper-1 transcription on)."""
+    if intent == "transcription":
+        return TranscriptionSession()
     voice = default_voice if default_voice in voices else min(voices)
     return Session.model_validate(
         {"model": model or DEFAULT_MODEL, "audio": {"output": {"voice": voice}}}, context={"voices": voices}
     )
 
 
-def update_session(current: Session, update: Any, voices: Mapping[str, str]) -> Session:
+def update_session(current: AnySession, update: Any, voices: Mapping[str, str]) -> AnySession:
     """``session.update``: the update merged into the effective session, then validated whole.
 
-    Raises ``RealtimeError`` naming the field; the session is then unchanged.
+    A session keeps its type (``realtime`` or ``transcription``, set when it connected). Raises
+    ``RealtimeError`` naming the field; the session is then unchanged.
     """
     if not isinstance(update, Mapping):
         raise RealtimeError("Invalid value for 'session': expected an object.", param="session")
+    kind = update.get("type", current.type)
+    if kind not in SESSION_TYPES:
+        raise RealtimeError(
+            f"Invalid value for 'session.type': '{excerpt(str(kind))}'; expected 'realtime' or 'transcription'.",
+            param="session.type",
+        )
+    if kind != current.type:
+        how = "/v1/realtime?intent=transcription" if kind == "transcription" else "/v1/realtime"
+        raise RealtimeError(
+            f"Invalid value for 'session.type': this is a {current.type} session and cannot become a "
+            f"{kind} session; connect to {how} for one.",
+            param="session.type",
+        )
     data = current.wire()
     _merge(data, {k: v for k, v in update.items() if k not in _SERVER_FIELDS})
     try:
-        return Session.model_validate(data, context={"voices": voices})
+        return SESSION_TYPES[kind].model_validate(data, context={"voices": voices})
     except ValidationError as exc:
         raise _from_validation(exc, "session") from None
 
@@ -809,11 +881,11 @@ def event(kind: str, **fields: Any) -> dict[str, Any]:
     return {"type": kind, "event_id": new_id("event"), **fields}
 
 
-def session_created(session: Session) -> dict[str, Any]:
+def session_created(session: AnySession) -> dict[str, Any]:
     return event("session.created", session=session.wire())
 
 
-def session_updated(session: Session) -> dict[str, Any]:
+def session_updated(session: AnySession) -> dict[str, Any]:
     return event("session.updated", session=session.wire())
 
 
