@@ -1,18 +1,25 @@
 """Voice-agent frameworks against a live daphne, with their defaults: only the base URL and a key.
 
-openai-agents (pinned in requirements-dev.txt): its voice models (the voice pipeline's STT with
-``gpt-transcribe``, batch and streamed through a realtime transcription session with
-``semantic_vad``; its TTS with ``gpt-4o-mini-tts`` and the instructions it sends on every call) and
-a realtime agent (``gpt-realtime``, ``semantic_vad``, ``tracing: "auto"``) answering a question
-about an image. Each run must see no ``error`` event. Its tracing exporter (to OpenAI) is off:
-nothing here leaves the machine.
+All pinned in requirements-dev.txt. Each run must see no ``error`` event or error frame.
+
+- openai-agents: its voice models (the voice pipeline's STT with ``gpt-transcribe``, batch and
+  streamed through a realtime transcription session with ``semantic_vad``; its TTS with
+  ``gpt-4o-mini-tts`` and the instructions it sends on every call) and a realtime agent
+  (``gpt-realtime``, ``semantic_vad``, ``tracing: "auto"``) answering a question about an image.
+  Its tracing exporter (to OpenAI) is off: nothing here leaves the machine.
+- pipecat-ai: its OpenAI TTS service in a pipeline, its STT service (``gpt-transcribe``) on that
+  audio, and its realtime LLM service (``gpt-realtime-2.1``) answering a context.
+- livekit-plugins-openai: its TTS (it reads ``x-request-id``), its STT (``gpt-4o-mini-transcribe``)
+  and its realtime model (``semantic_vad``) answering a question about an image.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import re
+import wave
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -127,3 +134,127 @@ async def test_openai_agents_realtime_agent_answers_about_an_image(base: str) ->
     assert errors == []
     assert audio > RATE  # over half a second of spoken answer
     assert any(answer and "person" in answer.lower() for answer in answers), answers
+
+
+# -- pipecat-ai ---------------------------------------------------------------------------------------
+async def test_pipecat_tts_stt_and_realtime_services(base: str) -> None:
+    from pipecat.frames.frames import (
+        EndFrame,
+        ErrorFrame,
+        Frame,
+        LLMContextFrame,
+        LLMFullResponseEndFrame,
+        LLMTextFrame,
+        TTSAudioRawFrame,
+        TTSSpeakFrame,
+    )
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.task import PipelineParams
+    from pipecat.pipeline.worker import PipelineWorker
+    from pipecat.processors.aggregators.llm_context import LLMContext
+    from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+    from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
+    from pipecat.services.openai.stt import OpenAISTTService
+    from pipecat.services.openai.tts import OpenAITTSService
+    from pipecat.workers.runner import WorkerRunner
+
+    async def run(worker: PipelineWorker) -> None:
+        runner = WorkerRunner(handle_sigint=False)
+        await runner.add_workers(worker)
+        await runner.run()
+
+    class Sink(FrameProcessor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.audio = bytearray()
+            self.text: list[str] = []
+            self.errors: list[ErrorFrame] = []
+            self.answered = asyncio.Event()
+
+        async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+            await super().process_frame(frame, direction)
+            if isinstance(frame, TTSAudioRawFrame):
+                self.audio += frame.audio
+            elif isinstance(frame, ErrorFrame):
+                self.errors.append(frame)
+            elif isinstance(frame, LLMTextFrame):
+                self.text.append(frame.text)
+            elif isinstance(frame, LLMFullResponseEndFrame):
+                self.answered.set()
+            await self.push_frame(frame, direction)
+
+    spoken = Sink()
+    worker = PipelineWorker(
+        Pipeline([OpenAITTSService(api_key=TOKEN, base_url=base + "/v1"), spoken]),
+        params=PipelineParams(audio_out_sample_rate=RATE),
+    )
+    await worker.queue_frames([TTSSpeakFrame(FIRST), EndFrame()])
+    await run(worker)
+    assert spoken.errors == [] and len(spoken.audio) > 2 * RATE  # over a second of PCM16
+    wav = io.BytesIO()
+    with wave.open(wav, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(RATE)
+        out.writeframes(bytes(spoken.audio))
+    stt = OpenAISTTService(api_key=TOKEN, base_url=base + "/v1")
+    heard = [frame async for frame in stt.run_stt(wav.getvalue())]
+    assert [words(frame.text) for frame in heard if frame is not None and hasattr(frame, "text")] == [words(FIRST)]
+
+    realtime = OpenAIRealtimeLLMService(api_key=TOKEN, base_url=base.replace("http", "ws", 1) + "/v1/realtime")
+    answer = Sink()
+    worker = PipelineWorker(Pipeline([realtime, answer]))
+    context = LLMContext(messages=[{"role": "user", "content": "Say hello in five words."}])
+
+    async def ask() -> None:
+        await asyncio.sleep(1.0)  # the session is set up when the pipeline starts
+        await worker.queue_frames([LLMContextFrame(context)])
+        try:
+            await asyncio.wait_for(answer.answered.wait(), 60)
+        finally:
+            await worker.queue_frames([EndFrame()])
+
+    await asyncio.gather(run(worker), ask())
+    assert answer.errors == [] and "".join(answer.text).strip() and len(answer.audio) > RATE
+
+
+# -- livekit-plugins-openai ---------------------------------------------------------------------------
+async def test_livekit_tts_stt_and_realtime_model(base: str, caplog: pytest.LogCaptureFixture) -> None:
+    from livekit.agents import llm, utils
+    from livekit.plugins import openai as lk_openai
+
+    async with utils.http_context.open():
+        tts = lk_openai.TTS(base_url=base + "/v1", api_key=TOKEN)
+        assert tts.model == "gpt-4o-mini-tts"
+        async with tts.synthesize(FIRST) as stream:
+            frames = [event.frame async for event in stream]
+        assert sum(f.samples_per_channel for f in frames) > RATE and frames[0].sample_rate == RATE
+        stt = lk_openai.STT(base_url=base + "/v1", api_key=TOKEN)
+        assert stt.model == "gpt-4o-mini-transcribe"
+        recognized = await stt.recognize(frames)
+        assert words(recognized.alternatives[0].text) == words(FIRST)
+
+        session = lk_openai.realtime.RealtimeModel(base_url=base + "/v1", api_key=TOKEN).session()
+        errors: list[Any] = []
+        session.on("error", errors.append)
+        try:
+            await session.update_instructions("You describe pictures briefly.")
+            picture = "data:image/jpeg;base64," + base64.b64encode(jpeg(photo("astronaut"))).decode()
+            context = llm.ChatContext()
+            context.add_message(role="user", content=[llm.ImageContent(image=picture), "How many people can you see?"])
+            await session.update_chat_ctx(context)
+            generation = await session.generate_reply()
+            text: list[str] = []
+            samples = 0
+            async for message in generation.message_stream:
+
+                async def read_audio(audio: Any) -> int:
+                    return sum([frame.samples_per_channel async for frame in audio])
+
+                reading = asyncio.create_task(read_audio(message.audio_stream))
+                text += [str(piece) async for piece in message.text_stream]
+                samples += await reading
+        finally:
+            await session.aclose()
+    assert errors == [] and "person" in "".join(text).lower() and samples > RATE // 2
+    assert not [r for r in caplog.records if "request" in r.getMessage().lower() and r.levelname == "WARNING"]
