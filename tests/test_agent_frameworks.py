@@ -136,6 +136,63 @@ async def test_openai_agents_realtime_agent_answers_about_an_image(base: str) ->
     assert any(answer and "person" in answer.lower() for answer in answers), answers
 
 
+@pytest.fixture(scope="module")
+def question_audio() -> bytes:
+    """A spoken question in our own voice, PCM16 24 kHz, then 1.5 s of silence."""
+    from hibari import Hibari
+
+    wave_ = Hibari()("How many people can you see?", seed=7).astype(np.float32)
+    pcm = (np.clip(wave_, -1, 1) * 32767).astype("<i2")
+    return np.concatenate([np.zeros(RATE // 2, "<i2"), pcm, np.zeros(RATE * 3 // 2, "<i2")]).tobytes()
+
+
+async def test_openai_agents_realtime_agent_answers_by_voice_and_yields_to_barge_in(
+    base: str, question_audio: bytes
+) -> None:
+    """semantic_vad ends the spoken question; speaking over the answer interrupts it (the agent
+    truncates the item at what it played), and the new question is answered."""
+    agent = RealtimeAgent(name="Assistant", instructions="You describe pictures briefly.")
+    session = await RealtimeRunner(agent).run(
+        model_config={"url": base.replace("http", "ws", 1) + "/v1/realtime?model=gpt-realtime", "api_key": TOKEN}
+    )
+    picture = "data:image/jpeg;base64," + base64.b64encode(jpeg(photo("astronaut"))).decode()
+    seen: list[str] = []
+    errors: list[Any] = []
+
+    async def until(kind: str) -> None:
+        async for event in session:
+            seen.append(event.type)
+            if event.type == "error" or (event.type == "raw_model_event" and event.data.type == "error"):
+                errors.append(event)
+            if event.type == kind:
+                return
+
+    async def say() -> None:
+        for i in range(0, len(question_audio), RATE // 5):  # 100 ms messages
+            await session.send_audio(question_audio[i : i + RATE // 5])
+            await asyncio.sleep(0.01)
+
+    async with session:
+        await session.send_message({"type": "message", "role": "user", "content": [
+            {"type": "input_image", "image_url": picture}, {"type": "input_text", "text": "Look at this."}
+        ]})  # fmt: skip
+        await until("audio_end")
+        await say()
+        await until("audio")  # the spoken question's answer has begun
+        await say()  # spoken over it
+        await until("audio_interrupted")
+        await until("audio_end")  # the second question's answer
+        answers = [
+            getattr(part, "transcript", None) or ""
+            for item in session._history
+            if getattr(item, "role", None) == "assistant"
+            for part in item.content
+        ]
+    assert errors == []
+    assert seen.count("audio_interrupted") >= 1
+    assert "person" in answers[-1].lower(), answers
+
+
 # -- pipecat-ai ---------------------------------------------------------------------------------------
 async def test_pipecat_tts_stt_and_realtime_services(base: str) -> None:
     from pipecat.frames.frames import (
