@@ -65,6 +65,58 @@ class _Reservation:
     at: float
 
 
+class _Reservations:
+    """Front-door admissions not submitted yet, with the counts the estimates read kept current:
+    a burst reserves hundreds, and each of its estimates must not walk them all (at 300 that was
+    most of the time the burst's refusals waited)."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, _Reservation] = {}  # in the order made (oldest first)
+        self._by_pipeline: dict[str, int] = {}
+        self._by_tenant: dict[str | None, int] = {}
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, pipeline: str, tenant: str | None, at: float) -> int:
+        self._next += 1
+        self._items[self._next] = _Reservation(pipeline, tenant, at)
+        self._by_pipeline[pipeline] = self._by_pipeline.get(pipeline, 0) + 1
+        self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + 1
+        return self._next
+
+    def pop(self, key: int | None) -> bool:
+        """Drop one (submitted or released); whether it was still held."""
+        r = self._items.pop(key, None) if key is not None else None
+        if r is None:
+            return False
+        self._drop(self._by_pipeline, r.pipeline)
+        self._drop(self._by_tenant, r.tenant)
+        return True
+
+    @staticmethod
+    def _drop(table: dict[Any, int], name: Any) -> None:
+        table[name] -= 1
+        if not table[name]:
+            del table[name]
+
+    def expire(self, before: float) -> None:
+        """Drop those made before ``before``: neither submitted nor released in time, a leak."""
+        while self._items:
+            key, oldest = next(iter(self._items.items()))
+            if oldest.at >= before:
+                return
+            self.pop(key)
+
+    def of_tenant(self, tenant: str | None) -> int:
+        return self._by_tenant.get(tenant, 0)
+
+    def first_cost(self, costs: dict[str, float]) -> float:
+        """The first-media work of all of them, at each pipeline's measured cost."""
+        return sum(costs.get(name, 0.0) * n for name, n in self._by_pipeline.items())
+
+
 @dataclass(eq=False)
 class _Entry:
     loop: Loop[Any]
@@ -198,8 +250,7 @@ class Scheduler:
         self._first_gap: dict[str, float] = {}
         self._last_first: dict[str, tuple[float, bool]] = {}  # pipeline -> (time, saturated then)
         self._next_pace_check = 0.0
-        self._reservations: dict[int, _Reservation] = {}  # admitted at the front door, not submitted yet
-        self._next_reservation = 0
+        self._reservations = _Reservations()  # admitted at the front door, not submitted yet
         self._n_workers = max(1, workers)
         self._max_active = max(1, max_active)
         self._max_queued = max(0, max_queued)
@@ -306,7 +357,7 @@ class Scheduler:
                 raise AdmissionError("engine is not running", ErrorKind.UNREACHABLE)
             if request_id in self._active or any(j.request_id == request_id for j in self._queued):
                 raise ValueError(f"duplicate request id {request_id!r}")
-            self._admit(job, reserved=self._reservations.pop(reservation, None) is not None)
+            self._admit(job, reserved=self._reservations.pop(reservation))
             if len(self._active) < self._max_active:
                 self._activate(job)
             elif len(self._queued) < self._max_queued:
@@ -397,15 +448,13 @@ class Scheduler:
                 return None
             if wait > self._admit_budget:
                 raise AdmissionError(CAPACITY_MESSAGE, ErrorKind.CAPACITY, retry_after=wait - self._admit_budget)
-            self._next_reservation += 1
-            self._reservations[self._next_reservation] = _Reservation(name, tenant, now)
-            return self._next_reservation
+            return self._reservations.add(name, tenant, now)
 
     def release(self, reservation: int | None) -> None:
         """Give back a reservation whose request was never submitted (refused by the view, gone)."""
         if reservation is not None:
             with self._cond:
-                self._reservations.pop(reservation, None)
+                self._reservations.pop(reservation)
 
     def _verdict(self, pipeline: Pipeline, tenant: str | None, submitted_at: float) -> tuple[float, float | None]:
         """A new request's fair delay, and its estimated wait for its first media (None: a
@@ -421,7 +470,7 @@ class Scheduler:
                 for j in (*self._active.values(), *self._queued)
                 if j.tenant == tenant and not j.batch and j.first_media_at is None
             )
-            ahead += sum(1 for r in self._reservations.values() if r.tenant == tenant)
+            ahead += self._reservations.of_tenant(tenant)
             fair_delay = ahead * self._pace(name)
         return fair_delay, self._estimate(name, submitted_at + self._budget + fair_delay, cost)
 
@@ -434,9 +483,9 @@ class Scheduler:
         """
         now = time.monotonic()
         horizon = self._admit_budget or self._budget  # at most this much of a stream counts
-        self._expire_reservations(now)
+        self._reservations.expire(now - RESERVATION_SECONDS)
         pending = len(self._reservations)  # requests before it still waiting for their first media
-        first = sum(self._first_cost.get(r.pipeline, 0.0) for r in self._reservations.values())
+        first = self._reservations.first_cost(self._first_cost)
         streams = 0.0
         for j in (*self._active.values(), *self._queued):
             if j.finished or j.batch:
@@ -508,12 +557,6 @@ class Scheduler:
                 behind.append(job)
                 place[name] -= 1  # it leaves the line: the ones after it move up
         return behind
-
-    def _expire_reservations(self, now: float) -> None:
-        """A reservation that was neither submitted nor released in time is a leak: drop it."""
-        stale = [k for k, r in self._reservations.items() if now - r.at > RESERVATION_SECONDS]
-        for key in stale:
-            del self._reservations[key]
 
     def _learn(self, table: dict[str, float], name: str, sample: float) -> None:
         old = table.get(name)
