@@ -526,7 +526,7 @@ class Scheduler:
             late += self._behind_pace(waiting, now, set(late))
         for job in late:
             ratio = (now - job.submitted_at) / max(job.unscaled_wait or 0.0, SLOWDOWN_MIN_WAIT)
-            self._slowdown += COST_SMOOTHING * (min(max(ratio, 1.0), SLOWDOWN_MAX) - self._slowdown)
+            self._learn_slowdown(ratio)
             if job in self._queued:
                 self._queued.remove(job)
             job.finished = True
@@ -558,9 +558,13 @@ class Scheduler:
                 place[name] -= 1  # it leaves the line: the ones after it move up
         return behind
 
-    def _learn(self, table: dict[str, float], name: str, sample: float) -> None:
+    def _learn(self, table: dict[str, float], name: str, sample: float, weight: float = COST_SMOOTHING) -> None:
         old = table.get(name)
-        table[name] = sample if old is None else old + COST_SMOOTHING * (sample - old)
+        table[name] = sample if old is None else old + weight * (sample - old)
+
+    def _learn_slowdown(self, ratio: float) -> None:
+        """A measured first-media wait over its estimate (never taken as faster than estimated)."""
+        self._slowdown += COST_SMOOTHING * (min(max(ratio, 1.0), SLOWDOWN_MAX) - self._slowdown)
 
     # -- internals (called with the lock held unless noted) ---------------------------------------
     def _activate(self, job: _Job) -> None:
@@ -877,7 +881,7 @@ class Scheduler:
                 self._learn_pace(job)
                 if job.unscaled_wait is not None and job.unscaled_wait >= SLOWDOWN_MIN_WAIT:
                     ratio = (job.first_media_at - job.submitted_at) / job.unscaled_wait
-                    self._slowdown += COST_SMOOTHING * (min(max(ratio, 1.0), SLOWDOWN_MAX) - self._slowdown)
+                    self._learn_slowdown(ratio)
             job.media_seconds += result.media_seconds
         for chunk in result.chunks:
             self._emit(job, chunk)
@@ -895,9 +899,7 @@ class Scheduler:
         saturated = waiting >= self._n_workers
         previous = self._last_first.get(name)
         if saturated and previous is not None and previous[1]:
-            old = self._first_gap.get(name)
-            gap = now - previous[0]
-            self._first_gap[name] = gap if old is None else old + PACE_SMOOTHING * (gap - old)
+            self._learn(self._first_gap, name, now - previous[0], PACE_SMOOTHING)
         self._last_first[name] = (now, saturated)
 
     @staticmethod

@@ -109,6 +109,11 @@ def is_alias(model: str, aliases: Sequence[str]) -> bool:
     return (model[:-11] if dated else model) in aliases
 
 
+def is_transcribe_model(model: str) -> bool:
+    """The local transcription model's name, or one of OpenAI's (dated or not) for it."""
+    return model == TRANSCRIBE_MODEL or is_alias(model, TRANSCRIBE_MODEL_ALIASES)
+
+
 def unknown_model(model: str, available: Sequence[str]) -> APIError:
     return APIError(
         404,
@@ -283,7 +288,7 @@ def parse_transcription(fields: Mapping[str, Sequence[str]]) -> TranscriptionPar
     model = _one(fields, "model")
     if not model:
         raise invalid("'model' is required", "model", "missing_required_parameter")
-    if model != TRANSCRIBE_MODEL and not is_alias(model, TRANSCRIBE_MODEL_ALIASES):
+    if not is_transcribe_model(model):
         raise unknown_model(model, (TRANSCRIBE_MODEL, *TRANSCRIBE_MODEL_ALIASES))
     language = _one(fields, "language") or None
     if language is not None and language.strip().lower() not in TRANSCRIBE_LANGUAGES:

@@ -44,7 +44,7 @@ from omniweb.openai_api.protocol import (
     TRANSCRIBE_LANGUAGES,
     TRANSCRIBE_MODEL,
     TRANSCRIBE_MODEL_ALIASES,
-    is_alias,
+    is_transcribe_model,
 )
 from omniweb.protocol import ProtocolError, excerpt, loads
 
@@ -234,14 +234,13 @@ class Transcription(_Strict):
     @classmethod
     def _known_languages(cls, value: list[str] | None) -> list[str] | None:
         for language in value or ():
-            if language not in TRANSCRIBE_LANGUAGES:
-                raise ValueError(f"'{excerpt(language)}' is not available; the transcriber is English-only ('en')")
+            _english_only(language)
         return value
 
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        if value != TRANSCRIBE_MODEL and not is_alias(value, TRANSCRIBE_MODEL_ALIASES):
+        if not is_transcribe_model(value):
             raise ValueError(
                 f"'{excerpt(value)}' is not available; use one of {', '.join(SUPPORTED_TRANSCRIBE_MODELS)}"
             )
@@ -250,9 +249,14 @@ class Transcription(_Strict):
     @field_validator("language")
     @classmethod
     def _known_language(cls, value: str | None) -> str | None:
-        if value is not None and value not in TRANSCRIBE_LANGUAGES:
-            raise ValueError(f"'{excerpt(value)}' is not available; the transcriber is English-only ('en')")
+        if value is not None:
+            _english_only(value)
         return value
+
+
+def _english_only(language: str) -> None:
+    if language not in TRANSCRIBE_LANGUAGES:
+        raise ValueError(f"'{excerpt(language)}' is not available; the transcriber is English-only ('en')")
 
 
 def _check_voice(value: Any, info: ValidationInfo) -> str:
@@ -309,10 +313,29 @@ def _check_modalities(value: list[str]) -> list[str]:
     return list(dict.fromkeys(value))
 
 
-def _no_logprobs(value: list[str] | None) -> list[str] | None:
-    if value:
-        raise _unsupported("include (transcription logprobs)")
-    return value or None
+class _SessionBase(_Strict):
+    """What both kinds of session share: their wire form, their turn detection (``audio.input``),
+    no transcription logprobs."""
+
+    @field_validator("include", check_fields=False)
+    @classmethod
+    def _no_logprobs(cls, value: list[str] | None) -> list[str] | None:
+        if value:
+            raise _unsupported("include (transcription logprobs)")
+        return value or None
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @property
+    def turn_detection(self) -> ServerVad | SemanticVad | None:
+        return self.audio.input.turn_detection  # type: ignore[attr-defined]  (each session's field)
+
+    @property
+    def responds(self) -> bool:
+        """Whether a turn that turn detection ends is answered (``create_response``)."""
+        td = self.turn_detection
+        return td is not None and td.create_response
 
 
 class _ResponseOptions(_Strict):
@@ -337,7 +360,7 @@ class _ResponseOptions(_Strict):
         return value
 
 
-class Session(_ResponseOptions):
+class Session(_ResponseOptions, _SessionBase):
     """The effective session in the GA shape (``RealtimeSessionCreateRequest``): what session.created
     and session.updated carry. ``id``/``object``/``expires_at`` are the server's (a client that echoes a
     session back is not refused for them)."""
@@ -373,27 +396,12 @@ class Session(_ResponseOptions):
             raise _unsupported(str(info.field_name))
         return None
 
-    _include = field_validator("include")(_no_logprobs)
-
-    def wire(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
-
-    @property
-    def turn_detection(self) -> ServerVad | SemanticVad | None:
-        return self.audio.input.turn_detection
-
-    @property
-    def responds(self) -> bool:
-        """Whether a turn that turn detection ends is answered (``create_response``)."""
-        td = self.audio.input.turn_detection
-        return td is not None and td.create_response
-
 
 class TranscriptionAudio(_Strict):
     input: AudioInput = Field(default_factory=lambda: AudioInput(transcription=Transcription()))
 
 
-class TranscriptionSession(_Strict):
+class TranscriptionSession(_SessionBase):
     """A transcription session (``/v1/realtime?intent=transcription``, or ``session.type:
     "transcription"``): the input audio is committed by turn detection or by the client and
     transcribed; nothing is answered. What session.created and session.updated carry."""
@@ -404,15 +412,6 @@ class TranscriptionSession(_Strict):
     expires_at: int = 0
     audio: TranscriptionAudio = Field(default_factory=TranscriptionAudio)
     include: list[str] | None = None
-
-    _include = field_validator("include")(_no_logprobs)
-
-    def wire(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
-
-    @property
-    def turn_detection(self) -> ServerVad | SemanticVad | None:
-        return self.audio.input.turn_detection
 
     @property
     def responds(self) -> bool:
