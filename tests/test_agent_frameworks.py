@@ -31,7 +31,7 @@ from agents.realtime import RealtimeAgent, RealtimeRunner
 from agents.voice import AudioInput, StreamedAudioInput, STTModelSettings, TTSModelSettings
 from agents.voice.models.openai_model_provider import OpenAIVoiceModelProvider
 from support.photos import jpeg, photo
-from support.servers import DAPHNE_ARGS, free_port, live_server
+from support.servers import live_daphne
 
 set_tracing_disabled(True)  # the SDK's trace export goes to api.openai.com (the wire keeps "auto")
 
@@ -45,9 +45,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def base() -> Iterator[str]:
-    port = free_port()
-    args = ["-m", "daphne", *DAPHNE_ARGS, "-b", "127.0.0.1", "-p", str(port), "omniweb.asgi:application"]
-    with live_server(args, port, OMNIWEB_API_TOKENS=TOKEN) as url:
+    with live_daphne(OMNIWEB_API_TOKENS=TOKEN) as url:
         yield url
 
 

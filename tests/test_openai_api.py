@@ -25,7 +25,7 @@ import av
 import numpy as np
 import openai
 import pytest
-from support.servers import DAPHNE_ARGS, free_port, live_server
+from support.servers import daphne_args, free_port, live_daphne, live_server
 
 TOKEN = "test-token-for-the-openai-api"
 MAX_CHARS = 20_000
@@ -37,13 +37,8 @@ LONG = " ".join(f"This is sentence number {i} of a long text." for i in range(30
 pytestmark = pytest.mark.timeout(300)
 
 
-def daphne(port: int) -> list[str]:
-    return ["-m", "daphne", *DAPHNE_ARGS, "-b", "127.0.0.1", "-p", str(port), "omniweb.asgi:application"]
-
-
 @pytest.fixture(scope="module")
 def base() -> Iterator[str]:
-    port = free_port()
     env = {
         "OMNIWEB_API_TOKENS": TOKEN,
         "OMNIWEB_ENGINE_MAX_ACTIVE": "2",
@@ -54,7 +49,7 @@ def base() -> Iterator[str]:
         # Loopback clients are not limited unless they send a forwarding header (see the limit test).
         "OMNIWEB_MAX_SESSIONS_PER_CLIENT": "1",
     }
-    with live_server(daphne(port), port, **env) as url:
+    with live_daphne(**env) as url:
         yield url
 
 
@@ -402,7 +397,7 @@ def test_every_response_carries_a_request_id_and_a_clients_own_is_echoed(client,
 # -- a synthesis that fails after its first audio ---------------------------------------------------
 def test_a_stream_that_fails_midway_is_broken_off_not_ended(tmp_path):
     port = free_port()
-    args = ["tests/support/openai_fault_server.py", *daphne(port)[2:]]
+    args = ["tests/support/openai_fault_server.py", *daphne_args(port)[2:]]
     with live_server(args, port) as url, openai.OpenAI(api_key="unused", base_url=url + "/v1", max_retries=0) as c:
         with pytest.raises(openai.APIConnectionError):  # the body was broken off, not ended as if whole
             speak(c, LONG[:2000], response_format="pcm")

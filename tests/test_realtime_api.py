@@ -22,7 +22,7 @@ import pytest
 import websockets
 from hibari import Hibari
 from support.photos import jpeg, photo
-from support.servers import DAPHNE_ARGS, free_port, live_server
+from support.servers import live_daphne
 
 TOKEN = "test-token-for-the-realtime-api"
 QUESTION = "How many people can you see?"
@@ -34,9 +34,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def base() -> Iterator[str]:
-    port = free_port()
-    args = ["-m", "daphne", *DAPHNE_ARGS, "-b", "127.0.0.1", "-p", str(port), "omniweb.asgi:application"]
-    with live_server(args, port, OMNIWEB_API_TOKENS=TOKEN) as url:
+    with live_daphne(OMNIWEB_API_TOKENS=TOKEN) as url:
         yield url
 
 

@@ -30,6 +30,19 @@ def free_port() -> int:
 DAPHNE_ARGS = ["--websocket-max-message-size", "16777216", "--websocket-max-frame-size", "16777216"]
 
 
+def daphne_args(port: int) -> list[str]:
+    """``python <these>``: daphne serving the app on a loopback port, as the production command does."""
+    return ["-m", "daphne", *DAPHNE_ARGS, "-b", "127.0.0.1", "-p", str(port), "omniweb.asgi:application"]
+
+
+@contextlib.contextmanager
+def live_daphne(**env: str) -> Iterator[str]:
+    """daphne (``daphne_args``) on a free port, as ``live_server`` runs it; yields the base URL."""
+    port = free_port()
+    with live_server(daphne_args(port), port, **env) as url:
+        yield url
+
+
 @contextlib.contextmanager
 def live_server(args: list[str], port: int, **env: str) -> Iterator[str]:
     """The app served by ``python <args>`` (runserver or daphne) on a loopback port.
