@@ -12,7 +12,8 @@ runs, each in its own process with its own time limit:
 2. the batched vocoder: 16 streams batched vs one by one on cuda (``bench/batching.py``, target ≥ 4×);
 3. time to first audio at one session and a 64-session burst, against a server started with
    ``OMNIWEB_DEVICE=cuda`` (``bench/speech_latency.py --burst``);
-4. Whisper on cuda vs the CPU: seconds to transcribe the same 5 s of speech (in this process);
+4. Whisper on cuda vs the CPU: seconds to transcribe the same 5 s of speech, and 16 questions
+   batched (one encode and one decode call per step, as the engine batches sessions) vs one by one;
 
 and prints one markdown table (check, result, target, verdict) for docs/benchmarks.md. On a
 machine without a CUDA device it says so and exits 0; on one whose torch or onnxruntime cannot use
@@ -32,7 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TOTAL_BUDGET_S = 8 * 60
-LIMITS_S = {"tests": 150, "batching": 75, "ttfa1": 75, "burst": 120, "whisper": 45}
+LIMITS_S = {"tests": 150, "batching": 75, "ttfa1": 75, "burst": 120, "whisper": 60}
 
 
 @dataclass
@@ -139,20 +140,36 @@ def burst_rows(sessions: int, rounds: int, limit: float) -> list[Row]:
     ]
 
 
-def whisper_row(limit: float) -> Row:
-    """Seconds to transcribe 5 s of speech on cuda vs the CPU, best of three each."""
+def whisper_rows(limit: float) -> list[Row]:
+    """Whisper on cuda vs the CPU (5 s of speech, best of three), and 16 questions batched (one
+    encode and one decode call per step, as the engine batches sessions) vs one by one, on cuda."""
     code, out = run([sys.executable, __file__, "--whisper-child"], limit)
     match = re.search(r"whisper cuda ([\d.]+) s cpu ([\d.]+) s text (.*)", out)
     if match is None:
-        return Row("Whisper tiny.en on cuda", f"no result (exit {code})", "transcribes", False)
+        return [Row("Whisper tiny.en on cuda", f"no result (exit {code})", "transcribes", False)]
     cuda_s, cpu_s, text = float(match.group(1)), float(match.group(2)), match.group(3)
     ok = "quick brown fox" in text.lower()
     result = f"{cuda_s * 1000:.0f} ms vs CPU {cpu_s * 1000:.0f} ms ({cpu_s / cuda_s:.1f}×), {text!r}"
-    return Row("Whisper tiny.en on cuda: 5 s of speech", result, "transcribes correctly", ok)
+    rows = [Row("Whisper tiny.en on cuda: 5 s of speech", result, "transcribes correctly", ok)]
+    batched = re.search(r"batched16 ([\d.]+) s alone16 ([\d.]+) s same (\w+)", out)
+    if batched is None:
+        rows.append(Row("Whisper on cuda: 16 questions batched", f"no result (exit {code})", "faster", False))
+    else:
+        together, alone, same = float(batched.group(1)), float(batched.group(2)), batched.group(3) == "True"
+        rows.append(
+            Row(
+                "Whisper on cuda: 16 questions batched vs one by one",
+                f"{together * 1000:.0f} ms vs {alone * 1000:.0f} ms ({alone / together:.1f}×), same text: {same}",
+                "batched faster, same words",
+                together < alone and same,
+            )
+        )
+    return rows
 
 
 def whisper_child() -> int:
-    """In a child process: synthesize 5 s of speech, transcribe it on cuda and on the CPU."""
+    """In a child process: synthesize speech, transcribe it on cuda and on the CPU; then 16
+    questions on cuda batched step by step (each step's plans in one batched call) vs one by one."""
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omniweb.settings")
     import django
@@ -163,22 +180,50 @@ def whisper_child() -> int:
     from hibari import Hibari
     from scipy.signal import resample_poly
 
-    from video.asr import Transcriber
+    from omniweb.asr.pipeline import Recognizer
+    from omniweb.asr.whisper import Options, Whisper
+    from omniweb.engine.contracts import Done
 
-    wave = Hibari()("The quick brown fox jumps over the lazy dog. Then it runs into the quiet forest.", seed=1)
-    pcm16 = (np.clip(resample_poly(wave, 2, 3), -1, 1) * 32767).astype("<i2").tobytes()
+    def pcm16(text: str) -> bytes:
+        wave = Hibari()(text, seed=1)
+        return (np.clip(resample_poly(wave, 2, 3), -1, 1) * 32767).astype("<i2").tobytes()
+
+    speech = pcm16("The quick brown fox jumps over the lazy dog. Then it runs into the quiet forest.")
     times: dict[str, float] = {}
     texts: dict[str, str] = {}
+    recognizers: dict[str, Recognizer] = {}
     for device in ("cuda", "cpu"):
         with override_settings(ASR_DEVICE=device):
-            transcriber = Transcriber()
+            recognizers[device] = recognizer = Recognizer(Whisper())
         best = float("inf")
         for _ in range(3):
             t = time.perf_counter()
-            texts[device] = transcriber.transcribe(pcm16)
+            texts[device] = recognizer.run(recognizer.start(speech, Options())).text
             best = min(best, time.perf_counter() - t)
         times[device] = best
     print(f"whisper cuda {times['cuda']:.4f} s cpu {times['cpu']:.4f} s text {texts['cuda']}")
+
+    gpu = recognizers["cuda"]
+    question = pcm16("How many people can you see in the picture?")
+    t = time.perf_counter()
+    alone = [gpu.run(gpu.start(question, Options())).text for _ in range(16)]
+    alone_s = time.perf_counter() - t
+    t = time.perf_counter()
+    recs = [gpu.start(question, Options()) for _ in range(16)]
+    while True:
+        plans = [(rec, plan) for rec in recs if not isinstance(plan := gpu.plan(rec), Done)]
+        if not plans:
+            break
+        batch_run = plans[0][1].batch_run
+        if batch_run is not None and all(p.shape == plans[0][1].shape for _, p in plans):
+            results = batch_run([p for _, p in plans])
+        else:
+            results = [p.run() for _, p in plans]
+        for (rec, _), result in zip(plans, results, strict=True):
+            gpu.advance(rec, result)
+    together_s = time.perf_counter() - t
+    same = all(rec.text == alone[0] for rec in recs) and len(set(alone)) == 1
+    print(f"batched16 {together_s:.4f} s alone16 {alone_s:.4f} s same {same}")
     return 0
 
 
@@ -217,7 +262,7 @@ def main() -> int:
     print("64-session burst ...", file=sys.stderr)
     rows.extend(burst_rows(64, 2, left("burst")))
     print("Whisper on cuda ...", file=sys.stderr)
-    rows.append(whisper_row(left("whisper")))
+    rows += whisper_rows(left("whisper"))
 
     print("\n| check | result | target | verdict |\n|---|---|---|---|")
     for r in rows:

@@ -8,11 +8,14 @@ class OmniwebConfig(AppConfig):
 
     def ready(self) -> None:
         from . import turn_engine, vad_engine
+        from .asr import pipeline as asr
         from .engine.runtime import register_pipeline
 
-        # The models load when the engine starts (workers only): Silero VAD, Smart Turn (semantic_vad).
+        # The models load when the engine starts (workers only): Silero VAD, Smart Turn (semantic_vad),
+        # Whisper (every transcription).
         register_pipeline(vad_engine.PIPELINE, vad_engine.VadPipeline)
         register_pipeline(turn_engine.PIPELINE, turn_engine.TurnPipeline)
+        register_pipeline(asr.PIPELINE, asr.TranscribePipeline)
         if not settings.DATABASES:
             _drop_database_hooks()
 

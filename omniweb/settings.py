@@ -208,9 +208,16 @@ VIDEO_UPSTREAM_MODEL = env_str("VIDEO_UPSTREAM_MODEL", "")  # used when the sess
 VIDEO_UPSTREAM_API_KEY = env_str("VIDEO_UPSTREAM_API_KEY", "")
 VIDEO_UPSTREAM_TIMEOUT = env_float("VIDEO_UPSTREAM_TIMEOUT", 30.0)  # seconds to connect, and between two reads
 VIDEO_UPSTREAM_MAX_TOKENS = env_int("VIDEO_UPSTREAM_MAX_TOKENS", 512)  # answer length cap sent upstream (0: none)
-# Whisper tiny.en for spoken questions: CPU threads per decode, and beam size (1: greedy, fastest).
-VIDEO_ASR_THREADS = env_int("VIDEO_ASR_THREADS", 2)
-VIDEO_ASR_BEAM_SIZE = env_int("VIDEO_ASR_BEAM_SIZE", 1)
+# Whisper tiny.en (every transcription: spoken questions, realtime input, the transcription API):
+# CPU threads per model call, beam size (1: greedy, fastest), CTranslate2 compute type (empty: int8
+# on the CPU, float16 on CUDA). (Named OMNIWEB_VIDEO_ASR_* before Whisper served every endpoint.)
+ASR_THREADS = env_int("ASR_THREADS", 2)
+ASR_BEAM_SIZE = env_int("ASR_BEAM_SIZE", 1)
+ASR_COMPUTE_TYPE = env_str("ASR_COMPUTE_TYPE", "")
+# Streaming recognition: while a realtime client speaks, its speech so far is transcribed every
+# this many ms of new audio (when the engine has time to spare), so the transcript streams and only
+# the tail is left at the turn's end. 0: off.
+ASR_STREAM_INTERVAL_MS = env_int("ASR_STREAM_INTERVAL_MS", 480)
 
 LOGGING = {
     "version": 1,

@@ -21,6 +21,7 @@ from omniweb.conversation import (
     Conversation,
     ConversationState,
     EarlyTranscription,
+    Heard,
     FrameBuffer,
     FrameSelection,
     FramesSelected,
@@ -408,17 +409,27 @@ def question24() -> bytes:
     return bytes(RATE24 * 2) + pcm + bytes(RATE24 * 3)  # 1 s silence, the question, 1.5 s of silence
 
 
-async def whisper(pcm24: bytes) -> list[str]:
+async def whisper(pcm24: bytes, prefix: str | None = None, partial: bool = False) -> list[str]:
     """Whisper's segment texts (the engine's ``audio.transcribe``)."""
-    request = {"pipeline": "audio.transcribe", "audio": resample_pcm16(pcm24, RATE24, 16000), "temperature": 0.0}
+    request = {
+        "pipeline": "audio.transcribe",
+        "audio": resample_pcm16(pcm24, RATE24, 16000),
+        "temperature": 0.0,
+        "prefix": prefix,
+        "priority": "batch" if partial else "realtime",
+    }
     return [str(c["segment"]["text"]) async for c in get_engine_client().stream(request) if c["type"] == "segment"]
 
 
-async def listen(listener: Listener, pcm: bytes, chunk_ms: int = 20) -> list:
+async def listen(listener: Listener, pcm: bytes, chunk_ms: int = 20, paced: bool = False) -> list:
+    """Feed the audio in pieces, at once or (``paced``) as a microphone would."""
     step = chunk_ms * BYTES_PER_MS24
     out: list = []
-    for i in range(0, len(pcm), step):
+    start = asyncio.get_running_loop().time()
+    for n, i in enumerate(range(0, len(pcm), step)):
         out += await listener.feed(pcm[i : i + step])
+        if paced:
+            await asyncio.sleep(max(0.0, start + (n + 1) * chunk_ms / 1000 - asyncio.get_running_loop().time()))
     return out
 
 
@@ -433,9 +444,9 @@ async def test_a_24_khz_question_is_heard_batched_and_transcribed_before_the_tur
     audio = AudioBuffer(60_000 * BYTES_PER_MS24, RATE24)
     early_calls: list[int] = []
 
-    async def transcribe(pcm: bytes) -> list[str]:
+    async def transcribe(pcm: bytes, *, prefix: str | None, partial: bool) -> list[str]:
         early_calls.append(len(pcm))
-        return await whisper(pcm)
+        return await whisper(pcm, prefix, partial)
 
     vad = VoiceActivity(get_engine_client(), VadParams(), RATE24)
     listener = Listener(vad, audio, feed_ms=96, early=EarlyTranscription(transcribe))
@@ -450,6 +461,33 @@ async def test_a_24_khz_question_is_heard_batched_and_transcribed_before_the_tur
     heard = await segment.transcript()
     assert heard is not None and {"people", "room"} <= set(words_of("".join(heard)))
     assert audio.duration_ms <= 300 + 100 + 96  # between turns only the padding's worth of silence stays
+    listener.close()
+
+
+async def test_streaming_hands_out_agreed_words_while_the_question_is_spoken(question24):
+    """Streaming recognition: hypotheses every 480 ms of speech; what two in a row agree on comes
+    out as Heard events before the speech stops; the early transcription starts with it."""
+    get_scheduler()
+    calls: list[tuple[str | None, bool]] = []
+
+    async def transcribe(pcm: bytes, *, prefix: str | None, partial: bool) -> list[str]:
+        calls.append((prefix, partial))
+        return await whisper(pcm, prefix, partial)
+
+    vad = VoiceActivity(get_engine_client(), VadParams(), RATE24)
+    audio = AudioBuffer(60_000 * BYTES_PER_MS24, RATE24)
+    listener = Listener(vad, audio, feed_ms=96, early=EarlyTranscription(transcribe, stream_ms=480))
+    events = await listen(listener, question24, paced=True)
+    kinds = [type(e) for e in events]
+    assert kinds[0] is SpeechStarted and kinds[-2:] == [SpeechStopped, SpeechSegment]
+    heard = "".join(e.delta for e in events if isinstance(e, Heard))
+    assert Heard in kinds[: kinds.index(SpeechStopped)] and heard  # words came while speaking
+    segment = events[-1]
+    assert segment.heard == heard
+    transcript = "".join(await segment.transcript() or ()).strip()
+    assert transcript.startswith(heard) and {"people", "room"} <= set(words_of(transcript))
+    assert any(partial for _, partial in calls)  # the hypotheses, at batch priority
+    assert (heard, False) in calls  # the early transcription was made to start with the words given out
     listener.close()
 
 

@@ -71,11 +71,12 @@ def test_the_gpu_pipeline_streams_the_same_speech_as_the_cpu(cpu_pipeline, gpu_p
 def test_whisper_transcribes_on_the_gpu(cpu_pipeline):
     from scipy.signal import resample_poly
 
-    from video.asr import Transcriber
+    from omniweb.asr.pipeline import Recognizer
+    from omniweb.asr.whisper import Options, Whisper
 
     pcm24 = np.frombuffer(speak(cpu_pipeline, "The quick brown fox jumps over the lazy dog.", 1), "<i2")
     pcm16 = np.clip(resample_poly(pcm24.astype(np.float32), 2, 3), -32768, 32767).astype("<i2").tobytes()
     with override_settings(DEVICE="cpu", ASR_DEVICE="cuda"):
-        transcriber = Transcriber()
-    text = transcriber.transcribe(pcm16).lower()
+        recognizer = Recognizer(Whisper())
+    text = recognizer.run(recognizer.start(pcm16, Options())).text.lower()
     assert "quick brown fox" in text, text

@@ -39,7 +39,7 @@ History (``history.py``)
     ``History(max_turns)``: ``remember(question, answer)``, ``messages()``.
 Listening (``listening.py``): server VAD over the audio buffer
     ``Listener(VoiceActivity(engine, VadParams(...), rate) | None, audio, take_segments=, feed_ms=,
-    early=EarlyTranscription(transcribe))``: ``await feed(pcm)`` returns ``SpeechStarted`` /
+    early=EarlyTranscription(transcribe, stream_ms=…))``: ``await feed(pcm)`` returns ``SpeechStarted`` /
     ``SpeechStopped`` (``omniweb.vad``; 24 kHz input is resampled for the model by ``VoiceActivity``)
     and, after each stop, the turn's ``SpeechSegment(audio, audio_start_ms, audio_end_ms)`` (``await
     segment.transcript()``: the early transcription, or None); raises ``AudioRefused``.
@@ -90,7 +90,7 @@ from .chunks import (
 )
 from .frames import BufferedFrame, FrameAdded, FrameBuffer, FrameSelection
 from .history import History
-from .listening import AudioRefused, EarlyTranscription, Listener, ListenEvent, SpeechSegment
+from .listening import AudioRefused, EarlyTranscription, Heard, Listener, ListenEvent, SpeechSegment
 from .session import ActiveTurn, Conversation, ConversationState, Emit, Ended, Turn
 from .turns import FramesSelected, NoUsableFrames, Question, TurnEvent, TurnSpec, now_ms, run_turn
 from .utterance import SpeechTurn
@@ -113,6 +113,7 @@ __all__ = [
     "FrameBuffer",
     "FrameSelection",
     "FramesSelected",
+    "Heard",
     "History",
     "ListenEvent",
     "Listener",

@@ -13,7 +13,12 @@ small appends (a Realtime client appending 20 ms at a time); detection waits at 
 and the times it reports are the audio's, unchanged. ``EarlyTranscription`` starts transcribing the
 speech at a silence inside it, before the turn is certain (the rest of ``silence_duration_ms`` is
 then the transcriber's head start); the speaker going on abandons it, and the turn's
-``SpeechSegment.transcript()`` awaits it when it was for the silence that ended the turn.
+``SpeechSegment.transcript()`` awaits it when it was for the silence that ended the turn. With
+``stream_ms`` it also streams: while the person speaks, the speech so far is transcribed every
+``stream_ms`` of audio (one at a time, at the engine's batch priority: only with time to spare), and
+the words two such hypotheses in a row agree on (LocalAgreement, as streaming Whisper servers do)
+are handed out as ``Heard`` events; the early transcription then starts from them (the decoder is
+made to begin with them), so at the turn's end only the tail is left to decode.
 
 Without a VAD (``vad=None``: manual turns) ``feed`` only buffers; ``commit`` takes the whole buffer as
 a turn and ``clear`` empties it, both starting the detection afresh. Times are OpenAI's: ms of input
@@ -24,8 +29,9 @@ took before the VAD had it) is counted so stream positions stay right.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from omniweb.sessions import spawn
 from omniweb.vad import SpeechStarted, SpeechStopped, VoiceActivity
@@ -41,12 +47,14 @@ FEED_MS = 96
 
 @dataclass(frozen=True)
 class SpeechSegment:
-    """A detected turn's audio (PCM16 mono at the buffer's rate)."""
+    """A detected turn's audio (PCM16 mono at the buffer's rate); ``heard``: the text its ``Heard``
+    events handed out (the early transcript starts with it)."""
 
     audio: bytes
     audio_start_ms: int
     audio_end_ms: int
     early: asyncio.Task[Sequence[str] | None] | None = field(default=None, repr=False, compare=False)
+    heard: str = ""
 
     async def transcript(self) -> tuple[str, ...] | None:
         """What the early transcription heard in the turn, in the transcriber's pieces (None: none
@@ -57,18 +65,43 @@ class SpeechSegment:
         return None if result is None or isinstance(result, BaseException) else tuple(result)
 
 
-ListenEvent = SpeechStarted | SpeechStopped | SpeechSegment
+@dataclass(frozen=True)
+class Heard:
+    """More of the speech in progress is certain: ``delta`` extends the text heard so far."""
+
+    delta: str
+
+
+ListenEvent = SpeechStarted | SpeechStopped | SpeechSegment | Heard
+
+
+class Transcribe(Protocol):
+    """PCM16 at the buffer's rate → the transcript in the pieces it was made in (Whisper's
+    segments), in order, beginning with ``prefix`` when one is given; None: it failed. ``partial``:
+    a hypothesis while the person still speaks (worth doing only with time to spare)."""
+
+    def __call__(self, pcm: bytes, *, prefix: str | None, partial: bool) -> Awaitable[Sequence[str] | None]: ...
 
 
 @dataclass(frozen=True)
 class EarlyTranscription:
     """Transcribe the speech once a silence inside it has lasted ``after_ms`` (``tail_ms`` of that
-    silence included). ``transcribe`` gets PCM16 at the buffer's rate and returns the transcript in
-    the pieces it made them (Whisper's segments), in order; None: it failed."""
+    silence included), and with ``stream_ms`` while it is spoken (0: not)."""
 
-    transcribe: Callable[[bytes], Awaitable[Sequence[str] | None]]
+    transcribe: Transcribe
     after_ms: int = 200
     tail_ms: int = 100
+    stream_ms: int = 0
+
+
+def agreed(previous: Sequence[str], current: Sequence[str]) -> list[str]:
+    """The words two hypotheses in a row begin with alike."""
+    out = []
+    for a, b in zip(previous, current, strict=False):
+        if a != b:
+            break
+        out.append(a)
+    return out
 
 
 @dataclass(eq=False)
@@ -109,6 +142,10 @@ class Listener:
         self._heard = False  # speech since the buffer was last taken: keep all of it
         self._start_ms = 0
         self._early: _Early | None = None
+        self._heard_text = ""  # what Heard events gave out for the speech in progress
+        self._hypothesis: list[str] = []  # the last partial transcript's words
+        self._partial: asyncio.Task[Sequence[str] | None] | None = None
+        self._partial_ms = 0.0  # the VAD clock when the last partial was started
 
     @property
     def speaking(self) -> bool:
@@ -130,25 +167,34 @@ class Listener:
         heard = bytes(self._unfed)
         self._unfed.clear()
         out: list[ListenEvent] = []
+        if (more := self._take_partial()) is not None:
+            out.append(more)
         for event in await vad.feed(heard):
             out.append(event)
             if isinstance(event, SpeechStarted):
                 if not self._heard:  # the silence before the question is not part of it
                     self.audio.drop_before(self._position(event.audio_start_ms))
                     self._start_ms = event.audio_start_ms
+                    self._partial_ms = vad.detector.clock_ms
                 self._heard = True
                 self._drop_early()
             elif self.take_segments:
                 audio = self.audio.take_before(self._position(event.audio_end_ms))
-                out.append(SpeechSegment(audio, self._start_ms, event.audio_end_ms, self._take_early()))
+                segment = SpeechSegment(
+                    audio, self._start_ms, event.audio_end_ms, self._take_early(), heard=self._heard_text
+                )
+                out.append(segment)
                 self._heard = False
+                self._drop_stream()
             else:  # the turn stays in the buffer for a manual turn, which transcribes it itself
                 self._drop_early()
+                self._drop_stream()
         if vad is not self.vad:  # the VAD was replaced meanwhile: its events are the last of it
             return out
         if not vad.speaking and not self._heard:
             self.audio.keep_last(self.audio.position(vad.params.prefix_padding_ms + SLACK_MS))
         self._maybe_transcribe_early(vad)
+        self._maybe_stream(vad)
         return out
 
     def append_unheard(self, pcm: bytes) -> str | None:
@@ -180,9 +226,11 @@ class Listener:
         self._unheard = self.audio.appended
         self._heard = False
         self._drop_early()
+        self._drop_stream()
 
     def close(self) -> None:
         self._drop_early()
+        self._drop_stream()
         self._unfed.clear()
 
     def _restart(self) -> None:
@@ -190,6 +238,7 @@ class Listener:
         self._unfed.clear()
         self._heard = False
         self._drop_early()
+        self._drop_stream()
         if self.vad is not None:
             self.vad.reset()
 
@@ -212,7 +261,8 @@ class Listener:
         ):
             return
         pcm = self.audio.peek(self._position(self._start_ms), self._position(silence + config.tail_ms))
-        self._early = _Early(silence, spawn(config.transcribe(pcm), "early transcription"))
+        transcript = config.transcribe(pcm, prefix=self._heard_text or None, partial=False)
+        self._early = _Early(silence, spawn(transcript, "early transcription"))
 
     def _take_early(self) -> asyncio.Task[Sequence[str] | None] | None:
         """The transcription of the turn that just stopped (its silence is the one that ended it)."""
@@ -223,3 +273,47 @@ class Listener:
         early, self._early = self._early, None
         if early is not None and not early.task.done():
             early.task.cancel()  # the transcriber's engine stream closes, which aborts its request
+
+    # -- streaming -----------------------------------------------------------------------------------
+    def _maybe_stream(self, vad: VoiceActivity) -> None:
+        """While the person speaks, transcribe the speech so far every ``stream_ms`` of audio, one
+        hypothesis at a time (an early transcription, at a silence, does the rest)."""
+        config = self._early_config
+        clock = vad.detector.clock_ms
+        if (
+            config is None
+            or config.stream_ms <= 0
+            or not self._heard
+            or self._early is not None
+            or self._partial is not None
+            or clock - self._partial_ms < config.stream_ms
+        ):
+            return
+        self._partial_ms = clock
+        pcm = self.audio.peek(self._position(self._start_ms), self._position(clock))
+        self._partial = spawn(config.transcribe(pcm, prefix=None, partial=True), "streaming transcription")
+
+    def _take_partial(self) -> Heard | None:
+        """A finished hypothesis: what it and the one before agree on beyond what was handed out."""
+        task = self._partial
+        if task is None or not task.done():
+            return None
+        self._partial = None
+        pieces = None if task.cancelled() or task.exception() is not None else task.result()
+        if pieces is None:
+            return None
+        words = "".join(pieces).split()
+        stable, self._hypothesis = agreed(self._hypothesis, words), words
+        given = self._heard_text.split()
+        if len(stable) <= len(given) or stable[: len(given)] != given:
+            return None
+        text = " ".join(stable)
+        delta, self._heard_text = text[len(self._heard_text) :], text
+        return Heard(delta)
+
+    def _drop_stream(self) -> None:
+        partial, self._partial = self._partial, None
+        if partial is not None and not partial.done():
+            partial.cancel()
+        self._heard_text = ""
+        self._hypothesis = []

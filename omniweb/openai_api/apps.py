@@ -8,8 +8,3 @@ class OpenAIApiConfig(AppConfig):
 
     def ready(self) -> None:
         import speech.containers  # noqa: F401  (loads FFmpeg now, not on the first request: ~0.15 s)
-        from omniweb.engine.runtime import register_pipeline
-
-        from .transcribe import PIPELINE, TranscribePipeline
-
-        register_pipeline(PIPELINE, TranscribePipeline)  # Whisper loads when the engine starts

@@ -29,7 +29,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from hibari import dsp
 
 from omniweb import auth, metrics
+from omniweb.asr.pipeline import PIPELINE as TRANSCRIBE_PIPELINE
+from omniweb.asr.whisper import SAMPLE_RATE as ENGINE_RATE
 from omniweb.engine.runtime import get_engine_client, loaded_engine_client
+from omniweb.engine.scheduler import BATCH_PRIORITY
 from omniweb.errors import ErrorKind, end_kind
 from speech.containers import StreamEncoder, first_bytes_samples
 from speech.protocol import SAMPLE_RATE, SessionConfig, tts_request
@@ -40,7 +43,6 @@ from speech.tts.vocoder import HOP
 from . import protocol
 from .asgi import SCOPE_KEY as ABORT_KEY
 from .protocol import APIError
-from .transcribe import PIPELINE as TRANSCRIBE_PIPELINE
 from .uploads import decode_upload
 
 logger = logging.getLogger(__name__)
@@ -49,6 +51,9 @@ SPEECH_ENDPOINT = "/v1/audio/speech"
 TRANSCRIBE_ENDPOINT = "/v1/audio/transcriptions"
 _STARTED = int(time.time())  # "created" of every model in /v1/models
 _ERROR_KINDS = {401: "auth", 429: "limit", 503: "busy", 500: "generation"}
+# An upload longer than one Whisper window is a recording, not a turn: batch priority, so that the
+# questions of live conversations go first (shorter ones are voice agents' turns: someone waits).
+BULK_TRANSCRIBE_SECONDS = 30.0
 STARTING_TEXT = "The server is starting (its models are still loading); retry shortly"
 
 
@@ -365,6 +370,8 @@ async def transcriptions(request: HttpRequest) -> HttpResponse:
         "temperature": params.temperature,
         "words": params.words,
     }
+    if len(pcm) > BULK_TRANSCRIBE_SECONDS * ENGINE_RATE * 2:
+        engine_request["priority"] = BATCH_PRIORITY  # a recording, not a turn: conversations go first
     stream = engine.stream(engine_request, uuid.uuid4().hex)
     first = await _first_chunk(stream)
     if first["type"] == "end" and first.get("status") != "ok":

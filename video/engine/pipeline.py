@@ -20,7 +20,8 @@ one). When the thinker fails in a way the client may hear about (the upstream se
 out, sent garbage), ``end`` has ``status: "error"`` and a client-safe ``message`` of ours, plus the
 ``text`` streamed so far.
 
-The thinker loop's first step transcribes the audio when the question is empty; then each step
+The thinker loop's first steps transcribe the audio (the shared recognizer's, batched with other
+requests') when the question is empty; then each step
 asks the thinker for its next deltas and hands every completed sentence to the talker (the
 talker's incremental mode), so the first sentence is spoken while the thinker still writes.
 """
@@ -33,11 +34,12 @@ from typing import Any
 
 from django.conf import settings
 
+from omniweb.asr.pipeline import Recognition, Recognizer, shared_recognizer
+from omniweb.asr.whisper import Options as AsrOptions
 from omniweb.engine.contracts import DONE, Done, ShapeSignature, StepResult, WaitFor, Waiting, WorkPlan
 from omniweb.errors import ErrorKind
 from speech.tts.loops import TEXT_IN, TEXT_IN_DONE, TalkerLoop, VocoderLoop, validate_voice, vocoder_backend
 from speech.tts.model import HibariTalker
-from video.asr import Transcriber, Transcription, shared_transcriber
 
 from .sentences import SentenceStream
 from .thinkers import Frame, Thinker, ThinkerError, ThinkerRun, Turn, WaitableRun, make_thinker
@@ -53,7 +55,7 @@ class ThinkerState:
     slots: dict[str, Any]
     speak: bool  # "audio" in modalities: hand sentences to the talker
     listening: bool  # the question is still to be transcribed from the audio
-    transcription: Transcription | None = None
+    recognition: Recognition | None = None
     transcript: str | None = None
     run: ThinkerRun | None = None
     done: bool = False
@@ -75,9 +77,9 @@ class _Thought:
 class ThinkerLoop:
     name = "thinker"
 
-    def __init__(self, thinker: Thinker, transcriber: Transcriber) -> None:
+    def __init__(self, thinker: Thinker, recognizer: Recognizer) -> None:
         self._thinker = thinker
-        self._transcriber = transcriber
+        self._recognizer = recognizer
 
     def init(self, request: dict[str, Any], slots: dict[str, Any]) -> ThinkerState:
         speak = "audio" in (request.get("modalities") or MODALITIES)
@@ -85,7 +87,10 @@ class ThinkerLoop:
         slots[TEXT_IN_DONE] = not speak  # text only: the talker and vocoder finish without a step
         question = request.get("question") or ""
         listening = bool(request.get("audio")) and (not question.strip() or bool(request.get("transcribe")))
-        return ThinkerState(request=request, slots=slots, speak=speak, listening=listening)
+        state = ThinkerState(request=request, slots=slots, speak=speak, listening=listening)
+        if listening:
+            state.recognition = self._recognizer.start(request["audio"], AsrOptions())
+        return state
 
     def next(self, state: ThinkerState) -> WorkPlan | Done | Waiting | WaitFor:
         if state.done:
@@ -97,27 +102,14 @@ class ThinkerLoop:
             return WaitFor(run.subscribe)  # nothing has arrived: hold no worker until it does
         return self._think_plan(state)
 
-    def _listen_plan(self, state: ThinkerState) -> WorkPlan:
-        transcription = state.transcription
-        audio: bytes = state.request["audio"]
-
-        def run() -> StepResult:
-            t = transcription if transcription is not None else self._transcriber.start(audio)
-            t.step()
-            chunks: list[dict[str, Any]] = []
-            if t.done:
-                chunks.append({"type": "transcript", "text": t.text})
-                if not t.text and not (state.request.get("question") or "").strip():  # nothing to answer: say so
-                    chunks += [{"type": "text", "delta": NOTHING_HEARD}, {"type": "text.end"}]
-            return StepResult(output=t, chunks=chunks)
-
-        return WorkPlan(
-            kind="asr",
-            shape=ShapeSignature("asr"),
-            run=run,
-            label="thinker.asr",
-            long=True,  # a whole question's Whisper decode: a playing stream keeps a worker
-        )
+    def _listen_plan(self, state: ThinkerState) -> WorkPlan | Done:
+        """The question's next recognition step, on the shared recognizer: it batches with other
+        sessions' transcriptions and the turn can be dropped between two steps."""
+        assert state.recognition is not None
+        plan = self._recognizer.plan(state.recognition, "thinker.asr")
+        if isinstance(plan, Done):  # silence, nothing to decode: one step says what was heard
+            return WorkPlan(kind="asr", shape=ShapeSignature("asr.silent"), run=StepResult, label="thinker.asr")
+        return plan
 
     def _think_plan(self, state: ThinkerState) -> WorkPlan:
         # Later steps reach the run through a weak reference: a step still queued when its request
@@ -171,14 +163,12 @@ class ThinkerLoop:
 
     def advance(self, state: ThinkerState, result: StepResult) -> None:
         if state.listening:
-            t: Transcription = result.output
-            state.transcription = t
-            if t.done:
-                state.listening = False
-                state.transcript = t.text
-                if not t.text and not (state.request.get("question") or "").strip():
-                    self._add(state, [NOTHING_HEARD])
-                    self._finish(state)
+            recognition = state.recognition
+            assert recognition is not None
+            if result.output is not None:
+                self._recognizer.advance(recognition, result)
+            if recognition.done:
+                self._heard(state, recognition.text, result)
             return
         thought: _Thought = result.output
         if thought.run is not None:
@@ -189,6 +179,15 @@ class ThinkerLoop:
             state.done = True
             state.slots[TEXT_IN_DONE] = True  # sentences already handed over are still spoken
         elif thought.done:
+            self._finish(state)
+
+    def _heard(self, state: ThinkerState, text: str, result: StepResult) -> None:
+        state.listening = False
+        state.transcript = text
+        result.chunks.append({"type": "transcript", "text": text})
+        if not text and not (state.request.get("question") or "").strip():  # nothing to answer: say so
+            result.chunks += [{"type": "text", "delta": NOTHING_HEARD}, {"type": "text.end"}]
+            self._add(state, [NOTHING_HEARD])
             self._finish(state)
 
     def _add(self, state: ThinkerState, deltas: list[str]) -> None:
@@ -221,9 +220,9 @@ class VideoTurnPipeline:
     def __init__(self) -> None:
         self.talker = HibariTalker()
         self.thinker = make_thinker()
-        self.transcriber = shared_transcriber()  # one Whisper per process (also /v1/audio/transcriptions)
+        self.recognizer = shared_recognizer()  # one Whisper per process: every transcription batches on it
         self.loops = (
-            ThinkerLoop(self.thinker, self.transcriber),
+            ThinkerLoop(self.thinker, self.recognizer),
             TalkerLoop(self.talker, settings.TALKER_LOOKAHEAD, incremental=True),
             VocoderLoop(settings.VOCODER_CHUNK_FRAMES, settings.VOCODER_FIRST_CHUNK_FRAMES, vocoder_backend()),
         )

@@ -39,6 +39,7 @@ from django.conf import settings
 
 from omniweb import budget as process_budget
 from omniweb import metrics
+from omniweb.asr.pipeline import PIPELINE as TRANSCRIBE_PIPELINE
 from omniweb.conversation import (
     ActiveTurn,
     AudioBuffer,
@@ -49,6 +50,7 @@ from omniweb.conversation import (
     EarlyTranscription,
     FrameBuffer,
     FrameSelection,
+    Heard,
     History,
     Listener,
     NoUsableFrames,
@@ -64,9 +66,9 @@ from omniweb.conversation import (
 from omniweb.conversation.listening import FEED_MS
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
+from omniweb.engine.scheduler import BATCH_PRIORITY
 from omniweb.errors import ErrorKind
 from omniweb.openai_api.protocol import voice_table
-from omniweb.openai_api.transcribe import PIPELINE as TRANSCRIBE_PIPELINE
 from omniweb.protocol import dumps
 from omniweb.sessions import SessionClock, SessionConsumer, spawn
 from omniweb.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, VadParams, VoiceActivity
@@ -120,6 +122,7 @@ class RealtimeConsumer(SessionConsumer):
         self.config: P.AnySession = P.new_session(self.voices, model=model, intent=intent)
         self.items = P.Conversation(MAX_ITEMS)
         self.vad_item_id: str | None = None  # the item id announced with speech_started
+        self._streamed: dict[str, str] = {}  # item id → the transcript deltas streaming sent for it
         self.running: _Running | None = None
         self.tasks: list[asyncio.Task[Any]] = []
         self.handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
@@ -154,7 +157,7 @@ class RealtimeConsumer(SessionConsumer):
             None,  # _configure_vad gives it the session's detector
             self.core.audio,
             feed_ms=FEED_MS,
-            early=EarlyTranscription(lambda pcm: self._transcript_of(pcm, P.new_id("asr"))),
+            early=EarlyTranscription(self._listened, stream_ms=settings.ASR_STREAM_INTERVAL_MS),
         )
         self._configure_vad()
         self.clock = SessionClock(
@@ -270,8 +273,19 @@ class RealtimeConsumer(SessionConsumer):
                 await self._speech_started(vad_event)
             elif isinstance(vad_event, SpeechStopped):
                 await self._speech_stopped(vad_event)
+            elif isinstance(vad_event, Heard):
+                await self._heard(vad_event)
             else:
                 await self._spoken(vad_event)
+
+    async def _heard(self, event: Heard) -> None:
+        """Streaming recognition: more of the speech in progress is certain; with transcription
+        on it is the item's next delta (the item is the one speech_started named)."""
+        item_id = self.vad_item_id
+        if item_id is None or self.config.audio.input.transcription is None:
+            return
+        self._streamed[item_id] = self._streamed.get(item_id, "") + event.delta
+        await self.send_event(P.transcription_delta(item_id, event.delta))
 
     async def _speech_started(self, event: SpeechStarted) -> None:
         td = self.config.turn_detection
@@ -342,17 +356,30 @@ class RealtimeConsumer(SessionConsumer):
         else:
             await self._transcribed(item, segments)
 
-    async def _transcript_of(self, pcm24: bytes, request_id: str) -> list[str] | None:
+    async def _listened(self, pcm24: bytes, *, prefix: str | None, partial: bool) -> list[str] | None:
+        """The listener's transcriptions: early ones (at a silence in the speech) and, with
+        transcription on, the streaming partials (batch priority: they wait for real-time work)."""
+        if partial and self.config.audio.input.transcription is None:
+            return None  # nobody reads the deltas
+        return await self._transcript_of(pcm24, P.new_id("asr"), prefix=prefix, partial=partial)
+
+    async def _transcript_of(
+        self, pcm24: bytes, request_id: str, *, prefix: str | None = None, partial: bool = False
+    ) -> list[str] | None:
         """Whisper's segment texts, on the engine (``audio.transcribe``, the model
         /v1/audio/transcriptions uses); None when the engine refused or failed."""
         transcription = self.config.audio.input.transcription
-        request = {
+        request: dict[str, Any] = {
             "pipeline": TRANSCRIBE_PIPELINE,
             "audio": P.to_engine_rate(pcm24),
             "prompt": transcription.prompt if transcription is not None else None,
             "temperature": 0.0,
             "words": False,
+            "timestamps": False,
+            "prefix": prefix,
         }
+        if partial:
+            request["priority"] = BATCH_PRIORITY
         texts: list[str] = []
         async with contextlib.aclosing(self.engine.stream(request, request_id)) as stream:
             async for chunk in stream:
@@ -369,6 +396,10 @@ class RealtimeConsumer(SessionConsumer):
         """The item's transcript; with transcription on, its deltas (one per Whisper segment), then
         ``.completed``."""
         transcript, deltas = P.transcript_deltas(segments)
+        streamed = self._streamed.pop(item.id, "")
+        if streamed:  # streaming gave out the beginning already: the rest is one delta
+            rest = transcript[len(streamed) :] if transcript.startswith(streamed) else ""
+            deltas = [rest] if rest else []
         if item.content and item.content[0].get("type") == "input_audio":
             item.content[0]["transcript"] = transcript
         if self.config.audio.input.transcription is not None:
