@@ -6,7 +6,7 @@ the session's decoder task then decoded every frame in full only to check that i
 engine decoded each frame it analyses in full again and scaled it to the analysis width. Now: the
 thumbnail decode is the check (no second decode), without the filter the check is one 1/8-scale
 decode, and the engine decodes its frames at a reduced DCT scale when they are at least twice the
-analysis width (video/frames.py). Both columns are measured in this one run, on the same frames.
+analysis width (omniweb/media/frames.py). Both columns are measured in this one run, on the same frames.
 
     python bench/frame_decode.py            # 640x480 and 1280x720 camera-like JPEGs
     python bench/frame_decode.py --repeat 200
@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omniweb.settings")
 
-from video import frames  # after the path is set
+from omniweb.media import frames  # after the path is set
 
 
 def camera_frame(width: int, height: int, seed: int) -> bytes:

@@ -58,7 +58,7 @@ def serve(stamp_path: str, argv: list[str]) -> None:
     import omniweb.openai_api.views as views
     import speech.consumers as consumers
     from omniweb.engine.scheduler import Scheduler
-    from speech.containers import StreamEncoder
+    from omniweb.media.containers import StreamEncoder
 
     fd = os.open(stamp_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     state = {"armed": False}  # a first audio body/frame was handed to daphne: stamp the next write

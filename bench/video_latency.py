@@ -45,8 +45,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from support.camera_scenes import PAIRS, room, shoot, with_person  # noqa: E402
 
-from video import frames as vframes  # noqa: E402
-from video.protocol import DEFAULT_FRAME_FILTER_THRESHOLD  # noqa: E402
+from omniweb.media import frames as vframes  # noqa: E402
+from omniweb.media.frames import DEFAULT_FRAME_FILTER_THRESHOLD  # noqa: E402
 
 WS_PATH = "/v1/video/chat/stream"
 SEED_THRESHOLD = 0.95

@@ -1,17 +1,13 @@
-"""What every WebSocket session shares: the base consumer and the session clock.
+"""What every WebSocket session's consumer shares (Channels): JSON out, refusals, the stall check.
 
-Both endpoints close a session that sends no ``session.config`` in time or goes quiet between
-requests, but never while the server is still answering (the client may just be listening).
+The session clock lives in the conversation core (``omniweb.conversation.clock``), ``spawn`` in
+``omniweb.tasks``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from autobahn.exception import Disconnected
@@ -24,19 +20,6 @@ from omniweb.protocol import dumps, error
 from omniweb.transport import SCOPE_KEY, SendWatch
 
 logger = logging.getLogger(__name__)
-
-
-def spawn(coro: Coroutine[Any, Any, Any], what: str) -> asyncio.Task[Any]:
-    """A task whose failure is always observed and logged once, never "Task exception was never
-    retrieved" at garbage collection (a session's tasks may end while nobody awaits them)."""
-    task = asyncio.ensure_future(coro)
-    task.add_done_callback(functools.partial(_observe, what))
-    return task
-
-
-def _observe(what: str, task: asyncio.Task[Any]) -> None:
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        logger.error("%s failed", what, exc_info=exc)
 
 
 class SessionConsumer(AsyncWebsocketConsumer):
@@ -127,48 +110,3 @@ class SessionConsumer(AsyncWebsocketConsumer):
     async def send_json(self, payload: dict[str, Any]) -> None:
         metrics.count_error_message(payload)  # ops: omniweb_errors_total for every `error` sent
         await self.send(text_data=dumps(payload))  # strict JSON: never NaN/Infinity
-
-
-class SessionClock:
-    """``touch()`` on every client message; ``run()`` as a task of the session until it closes."""
-
-    def __init__(
-        self,
-        *,
-        config_timeout: float,
-        idle_timeout: float,
-        configured: Callable[[], bool],
-        paused: Callable[[], bool],
-        closed: Callable[[], bool],
-        on_timeout: Callable[[bool], Awaitable[None]],
-    ) -> None:
-        self._config_timeout = config_timeout
-        self._idle_timeout = idle_timeout
-        self._configured = configured
-        self._paused = paused  # an answer is streaming: no idle timeout
-        self._closed = closed
-        self._on_timeout = on_timeout  # called with True when session.config never came
-        self._activity = asyncio.Event()
-        self._last = asyncio.get_running_loop().time()
-
-    def touch(self) -> None:
-        """Restart the clock and wake the watcher to re-read it (also when a pause ends)."""
-        self._last = asyncio.get_running_loop().time()
-        self._activity.set()
-
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while not self._closed():
-            self._activity.clear()
-            if self._paused():
-                await self._activity.wait()
-                continue
-            configured = self._configured()
-            limit = self._idle_timeout if configured else self._config_timeout
-            remaining = self._last + limit - loop.time()
-            if remaining > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._activity.wait(), remaining)
-                continue
-            await self._on_timeout(not configured)
-            return

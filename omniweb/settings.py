@@ -150,6 +150,10 @@ ENGINE_PRELOAD = env_bool("ENGINE_PRELOAD", not REDIS_URL)  # daphne hosts in Re
 # costs and what is queued before it) would come later than this is refused at once (HTTP 503 with
 # Retry-After, a WebSocket error of kind "capacity"), not queued. 0: admit by the counts alone.
 ENGINE_ADMIT_BUDGET_MS = env_float("ENGINE_ADMIT_BUDGET_MS", 2000.0)
+# The same for a turn in an ongoing conversation (/v1/realtime, the video endpoint): its speaker is
+# already in the session, waiting, and a refusal drops what they said. Measured on 2 CPUs: 16
+# spoken questions at once need ~3 s of work; at the 2 s budget 10 of them were refused.
+ENGINE_TURN_ADMIT_BUDGET_MS = env_float("ENGINE_TURN_ADMIT_BUDGET_MS", 6000.0)
 # While the models load, a request waits this long for the ones it needs, then is refused with
 # kind "starting" (HTTP 503 with Retry-After); a WebSocket handshake never waits for them.
 ENGINE_READY_WAIT_SECONDS = env_float("ENGINE_READY_WAIT_SECONDS", 10.0)
@@ -193,7 +197,7 @@ VIDEO_MAX_FRAME_PIXELS = env_int("VIDEO_MAX_FRAME_PIXELS", 4096 * 4096)
 # messages and file audio, replies queued for slow clients): beyond it new work is refused with an
 # error, or a client far behind is let go (omniweb/budget.py). Per-session caps still apply.
 PROCESS_BUFFER_BUDGET = env_int("PROCESS_BUFFER_BUDGET", 2 * 1024 * 1024 * 1024)
-# Threads of the frame decode pool (video/decoding.py): client frame decodes run there only.
+# Threads of the frame decode pool (omniweb/media/decoding.py): client frame decodes run there only.
 VIDEO_DECODE_THREADS = env_int("VIDEO_DECODE_THREADS", 2)
 # Bytes of frames one session buffers; beyond it the oldest frames go, as beyond max_frames.
 VIDEO_MAX_BUFFER_BYTES = env_int("VIDEO_MAX_BUFFER_BYTES", 256 * 1024 * 1024)

@@ -5,8 +5,9 @@ This consumer is an adapter: it parses the wire messages into calls on the sessi
 the core's typed events back as the endpoint's messages. An utterance is the core's ``SpeechTurn``
 (one engine request per batch of pieces, paced, the noise generator carried across requests), run
 as the session's turn, so the reader keeps listening: ``input.cancel`` (and disconnecting, and
-closing) stop it through the core's one interrupt, between two engine steps, and any other message
-that arrives after the flush is kept, in order, and handled once the utterance is done. What is
+closing) stop it through the core's one interrupt, between two engine steps (an urgent message of
+the session's inbox, overtaking what is queued), and any other message that arrives after the flush
+waits in the inbox, in order, and is handled once the utterance is done. What is
 wire-specific stays here: WAV or PCM or timestamped chunks, codec framing, the reference's message
 order, how the engine's sentences map onto the client's.
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,17 +38,22 @@ from omniweb.conversation import (
     Conversation,
     ConversationState,
     EngineChunk,
+    Inbox,
+    InboxFull,
+    InboxLimits,
     SentenceEnd,
     SentenceStart,
     SpeechTurn,
     TurnEnd,
     TurnEvent,
 )
+from omniweb.conversation.clock import SessionClock
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
 from omniweb.errors import RETRYABLE, ErrorKind
 from omniweb.protocol import excerpt
-from omniweb.sessions import SessionClock, SessionConsumer, spawn
+from omniweb.sessions import SessionConsumer
+from omniweb.tasks import spawn
 
 from . import protocol
 from .codec import wire
@@ -61,8 +66,13 @@ from .tts.model import capabilities
 
 logger = logging.getLogger(__name__)
 
-MAX_PENDING_MESSAGES = 1024  # messages held while an utterance plays; a flood beyond this ends the session
-MAX_PENDING_BYTES = 8 * 1024 * 1024
+# Messages held while an utterance plays; a flood beyond this ends the session.
+HELD_LIMITS = InboxLimits(
+    max_messages=1024,
+    max_bytes=8 * 1024 * 1024,
+    full_message="Too many messages queued while audio is being generated",
+    budget_message=budget.HELD_FULL_MESSAGE,
+)
 
 
 # The session's states are the core's: READY (configured; buffering text or idle), SPEAKING
@@ -112,11 +122,16 @@ class SpeechStreamConsumer(SessionConsumer):
         self.text_parts: list[str] = []
         self.text_chars = 0
         self.utterance_index = 0
-        self.pending: deque[tuple[str | None, bytes | None]] = deque()
-        self.pending_bytes = 0
-        self.replaying = False
         self.utterance: _Utterance | None = None
-        self.generation: asyncio.Task[None] | None = None
+        # The reader handles a message itself while nothing is held; after the flush (ANSWERING)
+        # messages wait here and the processor handles them once the utterance is over.
+        self.inbox: Inbox[tuple[str | None, bytes | None]] = Inbox(
+            lambda item: self.handle(*item),
+            HELD_LIMITS,
+            hold=lambda held, _alone: self.budget_share.hold("held messages", held),
+            gate=lambda: self.state not in (SessionState.ANSWERING, SessionState.CLOSED),
+            inline=True,
+        )
         # First use may load the model: keep that off the event loop, and before the handshake so
         # the config clock only starts once the session can be served.
         self.engine: EngineClient = await asyncio.to_thread(get_engine_client)
@@ -132,6 +147,7 @@ class SpeechStreamConsumer(SessionConsumer):
         )
         await self.accept()
         self.watchdog = spawn(self.clock.run(), "speech session clock")
+        self.processor = spawn(self.inbox.run(), "speech session inbox")
         self.handlers: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
             "input.text": self.on_input_text,
             "input.done": self.on_input_done,
@@ -158,7 +174,7 @@ class SpeechStreamConsumer(SessionConsumer):
         if self.conversation is not None:
             # The core's interrupt: the engine request is aborted, the utterance's task cancelled.
             await self.conversation.close()
-        task = self.generation  # the last utterance's task may still be replaying held messages
+        task = getattr(self, "processor", None)  # it may be handling held messages
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -168,12 +184,13 @@ class SpeechStreamConsumer(SessionConsumer):
     def _release(self) -> None:
         """Drop buffered text, held messages and the references that make the session a cycle
         (clock and handler closures, tasks), so a closed session is freed without the cyclic GC."""
-        for name in ("text_parts", "pending", "handlers"):
+        for name in ("text_parts", "handlers"):
             with contextlib.suppress(AttributeError):  # connect may have failed before setting it
                 getattr(self, name).clear()
-        self.pending_bytes = 0
+        with contextlib.suppress(AttributeError):
+            self.inbox.close()  # held messages, and its callbacks (closures over the session)
         self.utterance = None
-        self.generation = None
+        self.processor = None
         self.watchdog = None
         self.clock = None
         self.conversation = None
@@ -183,23 +200,13 @@ class SpeechStreamConsumer(SessionConsumer):
         self.clock.touch()
         if self.state is SessionState.CLOSED:
             return
-        generating = self.state is SessionState.ANSWERING
-        speaking = generating or self.state is SessionState.SPEAKING
-        if speaking and text_data is not None and _is_cancel(text_data):
-            await self.cancel_utterance()
-            return
-        if generating or self.replaying:  # keep arrival order behind the messages held so far
+        speaking = self.state in (SessionState.ANSWERING, SessionState.SPEAKING)
+        urgent = speaking and text_data is not None and _is_cancel(text_data)  # overtakes what is held
+        try:
             size = len(text_data if text_data is not None else bytes_data or b"")
-            if len(self.pending) >= MAX_PENDING_MESSAGES or self.pending_bytes + size > MAX_PENDING_BYTES:
-                await self.fail("Too many messages queued while audio is being generated")
-                return
-            if not self.budget_share.hold("held messages", self.pending_bytes + size):
-                await self.fail(budget.HELD_FULL_MESSAGE, ErrorKind.CAPACITY)
-                return
-            self.pending.append((text_data, bytes_data))
-            self.pending_bytes += size
-            return
-        await self.handle(text_data, bytes_data)
+            await self.inbox.deliver((text_data, bytes_data), size, urgent=urgent)
+        except InboxFull as full:
+            await self.fail(full.message, full.kind)
 
     async def handle(self, text_data: str | None, bytes_data: bytes | None) -> None:
         if text_data is None:
@@ -319,16 +326,15 @@ class SpeechStreamConsumer(SessionConsumer):
         return (spec if config.output_mode == "codec_tokens" else None), problem, kind
 
     async def on_input_cancel(self, msg: dict[str, Any]) -> None:
-        if self.utterance is not None:  # replayed while speaking before the flush: stop it
+        if self.utterance is not None:  # while speaking (urgent) or held and handled while speaking
             await self.cancel_utterance()
             return
-        # Nothing is generating here (a cancel during an utterance is taken by ``receive``).
         self.text_parts.clear()
         self.text_chars = 0
         await self.send_json(protocol.input_cancelled(self.utterance_index))
 
     async def on_session_close(self, msg: dict[str, Any]) -> None:
-        self.conversation.state = SessionState.CLOSED  # disconnect then stops the utterance (conversation.close)
+        self.conversation.stop_input()  # disconnect then stops the utterance (conversation.close)
         await self.close()
 
     @staticmethod
@@ -360,14 +366,13 @@ class SpeechStreamConsumer(SessionConsumer):
         )
         utt = _Utterance(index=self.utterance_index, text=" ".join(pieces), merge=merge, speech=speech, codec=codec)
         self.utterance = utt
-        turn = self.conversation.start_turn(
+        self.conversation.start_turn(
             speech,
             lambda turn, event: self._emit(utt, config, event),
             stopped=lambda: utt.over or self.send_stalled or self.client_gone,  # leaving aborts the request
             ended=lambda turn: self._utterance_over(utt),
             input_open=not input_done,
         )
-        self.generation = turn.task
 
     def _touch(self) -> None:
         if self.clock is not None:
@@ -435,9 +440,8 @@ class SpeechStreamConsumer(SessionConsumer):
             self.text_parts.clear()
             self.text_chars = 0
             self.budget_share.hold("text", 0)
-        self.conversation.state = SessionState.READY
         self.clock.touch()  # the idle clock restarts when the utterance ends
-        await self._replay_pending()
+        self.inbox.reopen()  # the messages held meanwhile, in order
 
     async def _on_end(self, utt: _Utterance, config: SessionConfig, end: TurnEnd) -> None:
         status = end.status
@@ -459,19 +463,6 @@ class SpeechStreamConsumer(SessionConsumer):
             logger.warning("utterance %d ended with %s (%s): %s", utt.index, status, end.kind, end.message)
             retry = end.message if kind in RETRYABLE else None  # an engine outage says so, and to retry
             await self._end_utterance(utt, config, failed=True, kind=kind, reason=retry)
-
-    async def _replay_pending(self) -> None:
-        """Handle the held messages in order; new arrivals queue behind them until it is done."""
-        self.replaying = True
-        try:
-            # SPEAKING (a replayed input.text completed a piece) takes every message type too.
-            while self.pending and self.state in (SessionState.READY, SessionState.SPEAKING):
-                text_data, bytes_data = self.pending.popleft()
-                self.pending_bytes -= len(text_data if text_data is not None else bytes_data or b"")
-                self.budget_share.hold("held messages", self.pending_bytes)
-                await self.handle(text_data, bytes_data)
-        finally:
-            self.replaying = False
 
     async def _on_chunk(self, utt: _Utterance, config: SessionConfig, chunk: EngineChunk) -> None:
         if utt.codec is not None:

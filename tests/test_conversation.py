@@ -21,11 +21,15 @@ from omniweb.conversation import (
     Conversation,
     ConversationState,
     EarlyTranscription,
-    Heard,
     FrameBuffer,
     FrameSelection,
     FramesSelected,
+    Heard,
     History,
+    IllegalTransition,
+    Inbox,
+    InboxFull,
+    InboxLimits,
     Listener,
     NoUsableFrames,
     Question,
@@ -44,8 +48,8 @@ from omniweb.conversation import (
 )
 from omniweb.engine.runtime import get_engine_client, get_scheduler
 from omniweb.errors import ErrorKind
+from omniweb.media.frames import FrameError
 from omniweb.vad import SpeechStarted, SpeechStopped, VadParams, VoiceActivity
-from video.frames import FrameError
 
 
 def b64(data: bytes) -> str:
@@ -178,6 +182,96 @@ async def test_interrupt_aborts_the_engine_request_and_emits_nothing_more():
     assert not await conversation.interrupt()  # nothing is running now
     await conversation.close()
     assert conversation.state is ConversationState.CLOSED
+
+
+def test_the_session_state_moves_only_by_its_methods_and_refuses_illegal_moves():
+    conversation = Conversation(get_engine_client())
+    with pytest.raises(AttributeError):
+        conversation.state = ConversationState.READY  # type: ignore[misc]
+    with pytest.raises(IllegalTransition):
+        conversation.finish()  # not configured yet
+    conversation.configure()
+    conversation.configure()  # a new session.config
+    conversation.finish()
+    with pytest.raises(IllegalTransition):
+        conversation.configure()  # the client said it is done
+    conversation.stop_input()
+    assert conversation.state is ConversationState.CLOSED
+    with pytest.raises(IllegalTransition):
+        conversation.finish()
+
+
+LIMITS = InboxLimits(max_messages=3, max_bytes=100, full_message="full", budget_message="budget")
+
+
+async def test_the_inbox_keeps_order_and_an_urgent_message_overtakes_the_queue():
+    handled: list[str] = []
+    release = asyncio.Event()
+
+    async def handle(item: str) -> None:
+        if item == "slow":
+            await release.wait()  # a handler waiting on the engine
+        handled.append(item)
+
+    inbox: Inbox[str] = Inbox(handle, LIMITS)
+    processor = asyncio.ensure_future(inbox.run())
+    for item in ("slow", "a", "b"):
+        await inbox.deliver(item, 1)  # the reader never waits for a handler
+    await asyncio.sleep(0.05)
+    assert handled == [] and inbox.peek() == "a"
+    await inbox.deliver("cancel", 1, urgent=True)
+    assert handled == ["cancel"]  # at once, ahead of the queue and of the handler in progress
+    release.set()
+    await asyncio.sleep(0.05)
+    assert handled == ["cancel", "slow", "a", "b"] and inbox.queued_bytes == 0
+    processor.cancel()
+    await asyncio.gather(processor, return_exceptions=True)
+
+
+async def test_the_inbox_is_bounded_by_messages_bytes_and_the_process_budget():
+    async def handle(item: str) -> None:
+        pass
+
+    inbox: Inbox[str] = Inbox(handle, LIMITS)  # no processor: everything stays queued
+    for _ in range(3):
+        await inbox.deliver("x", 10)
+    with pytest.raises(InboxFull) as full:
+        await inbox.deliver("x", 10)
+    assert (full.value.message, full.value.kind) == ("full", ErrorKind.CLIENT)
+    inbox.clear()
+    with pytest.raises(InboxFull):
+        await inbox.deliver("x", 101)
+    held: list[tuple[int, bool]] = []
+    budgeted: Inbox[str] = Inbox(handle, LIMITS, hold=lambda queued, alone: held.append((queued, alone)) or alone)
+    await budgeted.deliver("x", 10)  # alone: the budget lets it through
+    with pytest.raises(InboxFull) as refused:
+        await budgeted.deliver("y", 10)
+    assert (refused.value.message, refused.value.kind) == ("budget", ErrorKind.CAPACITY)
+    assert held == [(10, True), (20, False)]
+    budgeted.post("decoder report")  # the server's own: never refused, not counted
+    assert len(budgeted) == 2 and budgeted.queued_bytes == 10
+
+
+async def test_the_inbox_gate_holds_messages_and_inline_ones_are_handled_by_the_reader():
+    handled: list[str] = []
+    open_ = False
+
+    async def handle(item: str) -> None:
+        handled.append(item)
+
+    inbox: Inbox[str] = Inbox(handle, LIMITS, gate=lambda: open_, inline=True)
+    processor = asyncio.ensure_future(inbox.run())
+    await inbox.deliver("held", 1)  # the gate is closed (an utterance plays): it waits
+    await asyncio.sleep(0.05)
+    assert handled == [] and len(inbox) == 1
+    open_ = True
+    inbox.reopen()
+    await asyncio.sleep(0.05)
+    assert handled == ["held"]
+    await inbox.deliver("now", 1)  # empty and open: the reader handles it before returning
+    assert handled == ["held", "now"]
+    processor.cancel()
+    await asyncio.gather(processor, return_exceptions=True)
 
 
 async def test_the_frame_buffer_evicts_by_count_filters_and_gives_its_bytes_back():

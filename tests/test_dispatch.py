@@ -160,7 +160,7 @@ async def test_streams_over_redis_equal_the_local_engine(stack):
 async def test_the_web_tier_sheds_when_no_worker_has_room_and_sends_nothing(stack):
     asked: list[str] = []
 
-    async def full(pipeline: str) -> float | None:
+    async def full(pipeline: str, budget: float | None) -> float | None:
         asked.append(pipeline)
         return 1.5
 

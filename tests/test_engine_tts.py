@@ -169,8 +169,8 @@ def test_no_talker_step_grows_with_an_unpunctuated_sentence(pipeline, monkeypatc
 
 @pytest.mark.parametrize("fmt", ["mp3", "aac", "flac", "opus"])
 def test_an_openai_streams_first_vocoder_step_gives_its_encoder_its_first_bytes(pipeline, fmt):
+    from omniweb.media.containers import StreamEncoder
     from omniweb.openai_api.views import first_chunk_frames
-    from speech.containers import StreamEncoder
 
     chunks = synthesize(
         pipeline, text="Streaming speech should never stall.", first_chunk_frames=first_chunk_frames(fmt)

@@ -137,7 +137,7 @@ async def test_unknown_websocket_path_is_refused_without_a_traceback():
 async def test_a_failing_session_task_is_logged_once_and_never_left_unretrieved(caplog):
     import gc
 
-    from omniweb.sessions import spawn
+    from omniweb.tasks import spawn
 
     loop = asyncio.get_running_loop()
     unretrieved: list[dict] = []
@@ -153,7 +153,7 @@ async def test_a_failing_session_task_is_logged_once_and_never_left_unretrieved(
     await asyncio.sleep(0)
     loop.set_exception_handler(None)
     assert unretrieved == []
-    assert [r.getMessage() for r in caplog.records if r.name == "omniweb.sessions"] == ["test task failed"]
+    assert [r.getMessage() for r in caplog.records if r.name == "omniweb.tasks"] == ["test task failed"]
 
 
 @LOCAL
@@ -260,7 +260,7 @@ def _scan_bomb(repeats: int) -> bytes:
 
 
 def test_jpeg_scans_are_counted_through_scan_data():
-    from video import frames
+    from omniweb.media import frames
 
     assert frames.count_jpeg_scans(jpeg()) == 1
     assert frames.count_jpeg_scans(_scan_bomb(0)) == 10  # libjpeg's progression for colour
@@ -272,7 +272,7 @@ def test_jpeg_scans_are_counted_through_scan_data():
 async def test_a_jpeg_scan_bomb_is_refused_and_decodes_run_on_their_own_pool(connect, monkeypatch):
     import threading
 
-    from video import frames
+    from omniweb.media import frames
 
     threads: set[str] = set()
     prepare = frames.prepare_frame
@@ -317,8 +317,8 @@ async def test_process_wide_buffer_budget_refuses_frames_beyond_it_and_frees_on_
 
 async def test_both_engine_modes_refuse_the_same_oversize_request():
     """One documented limit (64 MiB of frames and audio per request), one message, in either mode."""
-    from omniweb.engine.client import LocalEngineClient
-    from omniweb.engine.dispatch import MAX_REQUEST_BYTES, REQUEST_TOO_LARGE, ChannelEngineClient
+    from omniweb.engine.client import MAX_REQUEST_BYTES, REQUEST_TOO_LARGE, LocalEngineClient
+    from omniweb.engine.dispatch import ChannelEngineClient
 
     frame_bytes = b"\0" * (MAX_REQUEST_BYTES // 4 + 1)
     request = {"pipeline": "video.turn", "frames": [{"data": frame_bytes} for _ in range(4)], "question": "?"}
@@ -355,7 +355,7 @@ async def test_a_decode_whose_session_has_gone_never_runs_and_lets_go_of_its_fra
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from video import decoding, frames
+    from omniweb.media import decoding, frames
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="frame-decode")
     monkeypatch.setattr(decoding, "_pool", pool)  # one thread, held by the slow decode below

@@ -131,7 +131,7 @@ async def test_video_messages_queued_beyond_the_budget_close_the_session(connect
 
     from support.video import b64, frame, jpeg, video
 
-    from video import frames
+    from omniweb.media import frames
 
     unblock = threading.Event()
     prepare = frames.prepare_frame

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -417,6 +418,44 @@ async def test_a_transcription_session_transcribes_each_turn_and_answers_none(ba
         assert empty["code"] == "input_audio_buffer_commit_empty" and empty["event_id"] == "empty"
         await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
         assert (await raw_events(ws, "input_audio_buffer.cleared"))[-1]["type"] == "input_audio_buffer.cleared"
+
+
+async def test_a_transcription_session_streams_the_transcript_while_the_person_speaks(base: str) -> None:
+    """Streaming recognition in a transcription session (openai-agents' StreamedAudioInput settings):
+    audio appended at a microphone's pace has transcription deltas for the item that speech_started
+    named before speech_stopped, and the deltas join to the completed transcript."""
+    wave = Hibari()("Please tell me how many people you can see in the room right now.", seed=7)
+    pcm = (np.clip(wave.astype(np.float32), -1, 1) * 32767).astype("<i2")
+    audio = np.concatenate([np.zeros(RATE // 2, "<i2"), pcm, np.zeros(RATE * 2, "<i2")]).tobytes()
+    url = base.replace("http", "ws", 1) + "/v1/realtime?intent=transcription"
+    async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+        await raw_events(ws, "session.created")
+        audio_input = {
+            "transcription": {"model": "gpt-transcribe", "languages": ["en"]},
+            "turn_detection": {"type": "semantic_vad"},
+        }
+        session = {"type": "transcription", "audio": {"input": audio_input}}
+        await ws.send(json.dumps({"type": "session.update", "session": session}))
+        await raw_events(ws, "session.updated")
+        step = RATE * 2 * CHUNK_MS // 1000
+        for i in range(0, len(audio), step):  # 100 ms of audio per 100 ms
+            await ws.send(
+                json.dumps(
+                    {"type": "input_audio_buffer.append", "audio": base64.b64encode(audio[i : i + step]).decode()}
+                )
+            )
+            await asyncio.sleep(CHUNK_MS / 1000)
+        events = await raw_events(ws, "conversation.item.input_audio_transcription.completed")
+    types = [e["type"] for e in events]
+    assert "error" not in types, events
+    item_id = next(e for e in events if e["type"] == "input_audio_buffer.speech_started")["item_id"]
+    stopped = types.index("input_audio_buffer.speech_stopped")
+    delta = "conversation.item.input_audio_transcription.delta"
+    assert [e["item_id"] for e in events[:stopped] if e["type"] == delta], types  # some, during the speech
+    assert all(e["item_id"] == item_id for e in events if e["type"] == delta)
+    deltas = "".join(e["delta"] for e in events if e["type"] == delta)
+    assert events[-1]["item_id"] == item_id and deltas == events[-1]["transcript"]
+    assert {"people", "room"} <= set(re.findall(r"[a-z]+", deltas.lower()))
 
 
 async def test_a_session_keeps_its_type(conn: Any) -> None:

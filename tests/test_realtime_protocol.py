@@ -13,16 +13,27 @@ from hypothesis import strategies as st
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
+from omniweb.conversation.chunks import WordTiming
 from omniweb.openai_api.protocol import OPENAI_VOICES
-from omniweb.openai_api.realtime import protocol as P
-from omniweb.openai_api.realtime.protocol import RealtimeError
+from omniweb.openai_api.realtime import server_events
+from omniweb.openai_api.realtime.audio import decode_pcm16, pcm_ms, to_engine_rate
+from omniweb.openai_api.realtime.errors import RealtimeError, error_event, new_id
+from omniweb.openai_api.realtime.events import EVENT_TYPES, image_from_data_url, parse_event
+from omniweb.openai_api.realtime.items import Conversation, Item
+from omniweb.openai_api.realtime.session import (
+    MAX_INSTRUCTIONS_CHARS,
+    AnySession,
+    TranscriptionSession,
+    new_session,
+    update_session,
+)
 
 VOICES = {**dict.fromkeys(OPENAI_VOICES, "heart"), "heart": "heart"}
 SERVER_EVENT = TypeAdapter(RealtimeServerEvent)
 
 
 def parse(event: dict[str, Any] | str) -> Any:
-    return P.parse_event(event if isinstance(event, str) else json.dumps(event), voices=VOICES)
+    return parse_event(event if isinstance(event, str) else json.dumps(event), voices=VOICES)
 
 
 def refused(event: dict[str, Any] | str) -> RealtimeError:
@@ -31,11 +42,11 @@ def refused(event: dict[str, Any] | str) -> RealtimeError:
     return info.value
 
 
-def update(session: P.AnySession, **fields: Any) -> P.AnySession:
-    return P.update_session(session, fields, VOICES)
+def update(session: AnySession, **fields: Any) -> AnySession:
+    return update_session(session, fields, VOICES)
 
 
-def update_refused(session: P.AnySession, **fields: Any) -> RealtimeError:
+def update_refused(session: AnySession, **fields: Any) -> RealtimeError:
     with pytest.raises(RealtimeError) as info:
         update(session, **fields)
     return info.value
@@ -51,8 +62,8 @@ def sdk_parses(payload: dict[str, Any]) -> Any:
 
 # -- the session -------------------------------------------------------------------------------------
 def test_new_session_has_openais_defaults_in_the_ga_shape() -> None:
-    session = P.new_session(VOICES)
-    wire = sdk_parses(P.session_created(session)).session
+    session = new_session(VOICES)
+    wire = sdk_parses(server_events.session_created(session)).session
     assert wire.type == "realtime" and wire.model == "gpt-realtime"
     assert wire.output_modalities == ["audio"]
     assert wire.audio.input.format.type == "audio/pcm" and wire.audio.input.format.rate == 24000
@@ -65,9 +76,9 @@ def test_new_session_has_openais_defaults_in_the_ga_shape() -> None:
 
 
 def test_a_transcription_session_in_the_ga_shape_that_the_sdk_parses() -> None:
-    session = P.new_session(VOICES, intent="transcription")
-    assert isinstance(session, P.TranscriptionSession) and not session.responds
-    wire = sdk_parses(P.session_created(session)).session
+    session = new_session(VOICES, intent="transcription")
+    assert isinstance(session, TranscriptionSession) and not session.responds
+    wire = sdk_parses(server_events.session_created(session)).session
     assert wire.type == "transcription" and wire.audio.input.transcription.model == "whisper-1"
     agents = {
         "type": "transcription",
@@ -81,17 +92,17 @@ def test_a_transcription_session_in_the_ga_shape_that_the_sdk_parses() -> None:
     }
     updated = update(session, **agents)
     assert updated.audio.input.transcription.languages == ["en"] and updated.turn_detection.type == "semantic_vad"
-    sdk_parses(P.session_updated(updated))
+    sdk_parses(server_events.session_updated(updated))
     bad = update_refused(session, audio={"input": {"transcription": {"model": "whisper-1", "languages": ["fr"]}}})
     assert bad.param == "session.audio.input.transcription.languages" and "English-only" in str(bad)
     assert update_refused(session, type="realtime").param == "session.type"
     assert update_refused(session, instructions="x").code == "unknown_parameter"  # no conversation here
-    assert update_refused(P.new_session(VOICES), type="transcription").param == "session.type"
-    assert update_refused(P.new_session(VOICES), type="translation").param == "session.type"
+    assert update_refused(new_session(VOICES), type="transcription").param == "session.type"
+    assert update_refused(new_session(VOICES), type="translation").param == "session.type"
 
 
 def test_updates_merge_into_the_effective_session() -> None:
-    session = P.new_session(VOICES)
+    session = new_session(VOICES)
     session = update(session, type="realtime", output_modalities=["text"], instructions="Be brief.")
     session = update(session, audio={"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 800}}})
     session = update(session, audio={"output": {"voice": "echo"}})
@@ -103,12 +114,12 @@ def test_updates_merge_into_the_effective_session() -> None:
     session = update(session, audio={"input": {"turn_detection": None, "transcription": {"model": "whisper-1"}}})
     assert session.turn_detection is None
     assert session.audio.input.transcription is not None
-    sdk_parses(P.session_updated(session))
+    sdk_parses(server_events.session_updated(session))
 
 
 def test_a_client_may_echo_the_session_it_was_given() -> None:
-    session = P.new_session(VOICES)
-    again = P.update_session(session, session.wire(), VOICES)
+    session = new_session(VOICES)
+    again = update_session(session, session.wire(), VOICES)
     assert again.id == session.id and again.wire() == session.wire()
 
 
@@ -136,11 +147,11 @@ def test_a_client_may_echo_the_session_it_was_given() -> None:
         ({"max_output_tokens": 50}, "session.max_output_tokens"),
         ({"type": "transcription"}, "session.type"),
         ({"colour": "blue"}, "session.colour"),
-        ({"instructions": "x" * (P.MAX_INSTRUCTIONS_CHARS + 1)}, "session.instructions"),
+        ({"instructions": "x" * (MAX_INSTRUCTIONS_CHARS + 1)}, "session.instructions"),
     ],
 )
 def test_unsupported_session_values_are_refused_naming_the_field(fields: dict[str, Any], param: str) -> None:
-    session = P.new_session(VOICES)
+    session = new_session(VOICES)
     err = update_refused(session, **fields)
     assert err.param == param
     assert param in err.message
@@ -148,15 +159,15 @@ def test_unsupported_session_values_are_refused_naming_the_field(fields: dict[st
 
 
 def test_a_refused_update_leaves_the_session_as_it_was() -> None:
-    session = update(P.new_session(VOICES), output_modalities=["text"])
+    session = update(new_session(VOICES), output_modalities=["text"])
     update_refused(session, output_modalities=["text"], audio={"output": {"voice": "nobody"}})
     assert session.output_modalities == ["text"] and session.audio.output.voice == "alloy"
 
 
 def test_the_default_voice_follows_the_voice_map() -> None:
     voices = {"echo": "heart", "heart": "heart"}  # OPENAI_VOICE_MAP refused alloy
-    assert P.new_session(voices).audio.output.voice == "echo"
-    assert P.new_session(voices, default_voice="heart").audio.output.voice == "heart"
+    assert new_session(voices).audio.output.voice == "echo"
+    assert new_session(voices, default_voice="heart").audio.output.voice == "heart"
 
 
 # -- client events -----------------------------------------------------------------------------------
@@ -193,7 +204,7 @@ def test_every_supported_client_event_parses_to_its_type() -> None:
 def test_errors_echo_the_clients_event_id() -> None:
     err = refused({"type": "conversation.item.truncate", "event_id": "mine-7", "item_id": "x", "audio_end_ms": 5})
     assert err.event_id == "mine-7" and err.param == "content_index" and err.code == "missing_required_parameter"
-    payload = sdk_parses(P.error_event(err))
+    payload = sdk_parses(error_event(err))
     assert payload.error.event_id == "mine-7" and payload.error.param == "content_index"
     assert payload.error.type == "invalid_request_error"
 
@@ -253,65 +264,65 @@ def test_errors_echo_the_clients_event_id() -> None:
 def test_malformed_events_are_refused_with_the_field(raw: str, code: str, param: str | None) -> None:
     err = refused(raw)
     assert (err.code, err.param) == (code, param)
-    sdk_parses(P.error_event(err))
+    sdk_parses(error_event(err))
 
 
 def test_oversize_and_binary_events_are_refused() -> None:
     with pytest.raises(RealtimeError) as info:
-        P.parse_event('{"type": "input_audio_buffer.commit"}' + " " * 100, voices=VOICES, max_chars=64)
+        parse_event('{"type": "input_audio_buffer.commit"}' + " " * 100, voices=VOICES, max_chars=64)
     assert info.value.code == "event_too_large"
     with pytest.raises(RealtimeError):
-        P.parse_event(b"{}", voices=VOICES)
+        parse_event(b"{}", voices=VOICES)
 
 
 # -- audio and images --------------------------------------------------------------------------------
 def test_pcm16_base64_is_decoded_strictly_with_limits() -> None:
     pcm = np.arange(-100, 100, dtype="<i2").tobytes()
-    assert P.decode_pcm16(base64.b64encode(pcm).decode()) == pcm
+    assert decode_pcm16(base64.b64encode(pcm).decode()) == pcm
     for bad in ("not base64!", "AAA", base64.b64encode(b"\x01\x02\x03").decode()):
         with pytest.raises(RealtimeError) as info:
-            P.decode_pcm16(bad)
+            decode_pcm16(bad)
         assert info.value.param == "audio"
     with pytest.raises(RealtimeError) as info:
-        P.decode_pcm16(base64.b64encode(bytes(1000)).decode(), max_bytes=100)
+        decode_pcm16(base64.b64encode(bytes(1000)).decode(), max_bytes=100)
     assert info.value.code == "audio_too_large"
 
 
 def test_resampling_to_the_engine_rate_keeps_a_tone() -> None:
     t = np.arange(24000) / 24000
     tone = (8000 * np.sin(2 * np.pi * 440 * t)).astype("<i2").tobytes()
-    out = np.frombuffer(P.to_engine_rate(tone), dtype="<i2")
+    out = np.frombuffer(to_engine_rate(tone), dtype="<i2")
     assert len(out) == 16000
     spectrum = np.abs(np.fft.rfft(out.astype(np.float64)))
     assert abs(int(np.argmax(spectrum)) - 440) <= 1  # 1 Hz bins over one second
-    assert P.pcm_ms(tone) == 1000 and P.to_engine_rate(b"") == b""
+    assert pcm_ms(tone) == 1000 and to_engine_rate(b"") == b""
 
 
 def test_images_come_only_as_data_urls() -> None:
-    assert P.image_from_data_url("data:image/png;base64,iVBOR", param="p") == "iVBOR"
-    assert P.image_from_data_url("DATA:image/jpeg;base64,/9j/", param="p") == "/9j/"
+    assert image_from_data_url("data:image/png;base64,iVBOR", param="p") == "iVBOR"
+    assert image_from_data_url("DATA:image/jpeg;base64,/9j/", param="p") == "/9j/"
     for url in ("https://example.com/cat.jpg", "data:image/gif;base64,R0lG", "data:text/plain,hi"):
         with pytest.raises(RealtimeError) as info:
-            P.image_from_data_url(url, param="item.content[0].image_url")
+            image_from_data_url(url, param="item.content[0].image_url")
         assert info.value.param == "item.content[0].image_url"
 
 
 # -- the conversation --------------------------------------------------------------------------------
-def text_item(role: str, text: str, item_id: str | None = None) -> P.Item:
+def text_item(role: str, text: str, item_id: str | None = None) -> Item:
     kind = "output_text" if role == "assistant" else "input_text"
-    return P.Item(id=item_id or P.new_id("item"), role=role, content=[{"type": kind, "text": text}])  # type: ignore[arg-type]
+    return Item(id=item_id or new_id("item"), role=role, content=[{"type": kind, "text": text}])  # type: ignore[arg-type]
 
 
-def spoken_answer(words: list[tuple[str, int, int]]) -> P.Item:
-    item = P.Item(id=P.new_id("item"), role="assistant", content=[{"type": "output_audio", "transcript": ""}])
-    item.words = [P.WordTiming(w, s, e) for w, s, e in words]
+def spoken_answer(words: list[tuple[str, int, int]]) -> Item:
+    item = Item(id=new_id("item"), role="assistant", content=[{"type": "output_audio", "transcript": ""}])
+    item.words = [WordTiming(w, s, e) for w, s, e in words]
     item.content[0]["transcript"] = " ".join(w for w, _, _ in words)
     item.audio_ms = words[-1][2] + 200
     return item
 
 
 def test_items_are_placed_by_previous_item_id() -> None:
-    conv = P.Conversation()
+    conv = Conversation()
     a, b, c = text_item("user", "a", "a"), text_item("assistant", "b", "b"), text_item("user", "c", "c")
     assert conv.add(a) == (None, [])
     assert conv.add(c) == ("a", [])
@@ -335,7 +346,7 @@ def test_items_are_placed_by_previous_item_id() -> None:
 
 
 def test_the_store_drops_the_oldest_items_beyond_its_cap() -> None:
-    conv = P.Conversation(max_items=2)
+    conv = Conversation(max_items=2)
     conv.add(text_item("user", "1", "1"))
     conv.add(text_item("assistant", "2", "2"))
     _, dropped = conv.add(text_item("user", "3", "3"))
@@ -343,9 +354,9 @@ def test_the_store_drops_the_oldest_items_beyond_its_cap() -> None:
 
 
 def test_delete_and_retrieve_unknown_items_are_errors() -> None:
-    conv = P.Conversation()
+    conv = Conversation()
     conv.add(text_item("user", "hello", "x"))
-    sdk_parses(P.item_retrieved(conv.get("x")))
+    sdk_parses(server_events.item_retrieved(conv.get("x")))
     assert conv.delete("x").id == "x"
     with pytest.raises(RealtimeError) as info:
         conv.get("x")
@@ -353,7 +364,7 @@ def test_delete_and_retrieve_unknown_items_are_errors() -> None:
 
 
 def test_truncate_keeps_exactly_the_words_heard() -> None:
-    conv = P.Conversation()
+    conv = Conversation()
     item = spoken_answer(
         [("I", 0, 120), ("see", 120, 400), ("two", 400, 700), ("people,", 700, 1200), ("smiling.", 1300, 1900)]
     )
@@ -366,11 +377,11 @@ def test_truncate_keeps_exactly_the_words_heard() -> None:
     assert item.content[0]["transcript"] == "I see two"
     conv.truncate(item.id, 0, 0)
     assert item.content[0]["transcript"] == ""
-    sdk_parses(P.item_truncated(item.id, 0, 0))
+    sdk_parses(server_events.item_truncated(item.id, 0, 0))
 
 
 def test_truncate_refuses_what_cannot_be_cut() -> None:
-    conv = P.Conversation()
+    conv = Conversation()
     spoken = spoken_answer([("Hello.", 0, 500)])
     conv.add(spoken)
     conv.add(text_item("user", "hi", "u"))
@@ -390,24 +401,32 @@ def test_truncate_refuses_what_cannot_be_cut() -> None:
 
 # -- server events -----------------------------------------------------------------------------------
 def test_a_whole_spoken_response_is_what_the_sdk_expects() -> None:
-    response = P.Response(id=P.new_id("resp"), conversation_id="conv_1", modalities=("audio",), voice="alloy")
-    item = P.Item(id=P.new_id("item"), role="assistant", content=[], status="in_progress")
-    events = [P.response_created(response), P.output_item_added(response, item), P.item_added(item, "item_prev")]
+    response = server_events.Response(id=new_id("resp"), conversation_id="conv_1", modalities=("audio",), voice="alloy")
+    item = Item(id=new_id("item"), role="assistant", content=[], status="in_progress")
+    events = [
+        server_events.response_created(response),
+        server_events.output_item_added(response, item),
+        server_events.item_added(item, "item_prev"),
+    ]
     item.content.append({"type": "output_audio", "transcript": ""})
     events += [
-        P.content_part_added(response, item),
-        P.transcript_delta(response, item, "Two people."),
-        P.audio_delta(response, item, b"\x00\x01" * 240),
-        P.audio_done(response, item),
-        P.transcript_done(response, item, "Two people."),
-        P.content_part_done(response, item, "Two people."),
+        server_events.content_part_added(response, item),
+        server_events.transcript_delta(response, item, "Two people."),
+        server_events.audio_delta(response, item, b"\x00\x01" * 240),
+        server_events.audio_done(response, item),
+        server_events.transcript_done(response, item, "Two people."),
+        server_events.content_part_done(response, item, "Two people."),
     ]
     item.status = "completed"
     item.content[0]["transcript"] = "Two people."
     response.output = [item]
     response.status = "completed"
-    response.usage = P.usage(input_text=3, output_text=2, output_audio=P.audio_tokens(1000))
-    events += [P.output_item_done(response, item), P.item_done(item, "item_prev"), P.response_done(response)]
+    response.usage = server_events.usage(input_text=3, output_text=2, output_audio=server_events.audio_tokens(1000))
+    events += [
+        server_events.output_item_done(response, item),
+        server_events.item_done(item, "item_prev"),
+        server_events.response_done(response),
+    ]
     parsed = [sdk_parses(e) for e in events]
     done = parsed[-1].response
     assert done.status == "completed" and done.usage.output_token_details.audio_tokens == 80
@@ -418,44 +437,47 @@ def test_a_whole_spoken_response_is_what_the_sdk_expects() -> None:
 
 
 def test_text_responses_cancellations_and_failures_parse() -> None:
-    response = P.Response(id=P.new_id("resp"), conversation_id=None, modalities=("text",), voice="alloy")
-    item = P.Item(id=P.new_id("item"), role="assistant", content=[{"type": "output_text", "text": ""}])
-    sdk_parses(P.content_part_added(response, item))
-    sdk_parses(P.text_delta(response, item, "Hi"))
-    sdk_parses(P.text_done(response, item, "Hi"))
-    sdk_parses(P.content_part_done(response, item, "Hi"))
-    response.status, response.status_details = "cancelled", P.cancelled("turn_detected")
-    assert sdk_parses(P.response_done(response)).response.status_details.reason == "turn_detected"
-    response.status, response.status_details = "failed", P.failed("The thinker is unavailable")
-    assert sdk_parses(P.response_done(response)).response.status_details.error.message == "The thinker is unavailable"
+    response = server_events.Response(id=new_id("resp"), conversation_id=None, modalities=("text",), voice="alloy")
+    item = Item(id=new_id("item"), role="assistant", content=[{"type": "output_text", "text": ""}])
+    sdk_parses(server_events.content_part_added(response, item))
+    sdk_parses(server_events.text_delta(response, item, "Hi"))
+    sdk_parses(server_events.text_done(response, item, "Hi"))
+    sdk_parses(server_events.content_part_done(response, item, "Hi"))
+    response.status, response.status_details = "cancelled", server_events.cancelled("turn_detected")
+    assert sdk_parses(server_events.response_done(response)).response.status_details.reason == "turn_detected"
+    response.status, response.status_details = "failed", server_events.failed("The thinker is unavailable")
+    assert (
+        sdk_parses(server_events.response_done(response)).response.status_details.error.message
+        == "The thinker is unavailable"
+    )
 
 
 def test_input_audio_events_parse() -> None:
     for payload in [
-        P.audio_committed("item_a", None),
-        P.audio_cleared(),
-        P.speech_started(1200, "item_a"),
-        P.speech_stopped(2600, "item_a"),
-        P.transcription_completed("item_a", "What do you see?", 1400),
-        P.transcription_delta("item_a", "What do"),
-        P.transcription_failed("item_a", "Transcription failed"),
-        P.item_deleted("item_a"),
+        server_events.audio_committed("item_a", None),
+        server_events.audio_cleared(),
+        server_events.speech_started(1200, "item_a"),
+        server_events.speech_stopped(2600, "item_a"),
+        server_events.transcription_completed("item_a", "What do you see?", 1400),
+        server_events.transcription_delta("item_a", "What do"),
+        server_events.transcription_failed("item_a", "Transcription failed"),
+        server_events.item_deleted("item_a"),
     ]:
         sdk_parses(payload)
 
 
 def test_transcription_deltas_are_whispers_segments_and_join_to_the_transcript() -> None:
-    assert P.transcript_deltas([" How many people", " can you see?  "]) == (
+    assert server_events.transcript_deltas([" How many people", " can you see?  "]) == (
         "How many people can you see?",
         ["How many people", " can you see?"],
     )
-    assert P.transcript_deltas([" Hello."]) == ("Hello.", ["Hello."])
-    assert P.transcript_deltas(["  ", " Hi", " "]) == ("Hi", ["Hi"])  # empty pieces send nothing
-    assert P.transcript_deltas([]) == ("", [])
+    assert server_events.transcript_deltas([" Hello."]) == ("Hello.", ["Hello."])
+    assert server_events.transcript_deltas(["  ", " Hi", " "]) == ("Hi", ["Hi"])  # empty pieces send nothing
+    assert server_events.transcript_deltas([]) == ("", [])
 
 
 def test_ids_look_like_openais() -> None:
-    ids = {P.new_id("event") for _ in range(1000)}
+    ids = {new_id("event") for _ in range(1000)}
     assert len(ids) == 1000
     assert all(i.startswith("event_") and len(i) == 28 and i[6:].isalnum() for i in ids)
 
@@ -491,7 +513,7 @@ _keys = st.sampled_from(
 
 @settings(max_examples=300, deadline=None)
 @given(
-    kind=st.sampled_from([*P.EVENT_TYPES, "nonsense", ""]),
+    kind=st.sampled_from([*EVENT_TYPES, "nonsense", ""]),
     fields=st.dictionaries(_keys, _json, max_size=4),
 )
 def test_any_event_parses_or_is_refused_with_an_error_event(kind: str, fields: dict[str, Any]) -> None:
@@ -499,7 +521,7 @@ def test_any_event_parses_or_is_refused_with_an_error_event(kind: str, fields: d
     try:
         event = parse(raw)
     except RealtimeError as err:
-        sdk_parses(P.error_event(err))
+        sdk_parses(error_event(err))
         return
     assert event.type == kind
 
@@ -507,10 +529,10 @@ def test_any_event_parses_or_is_refused_with_an_error_event(kind: str, fields: d
 @settings(max_examples=300, deadline=None)
 @given(update=st.dictionaries(st.sampled_from(["audio", "output_modalities", "instructions", "tools", "x"]), _json))
 def test_any_session_update_gives_a_valid_session_or_an_error(update: dict[str, Any]) -> None:
-    session = P.new_session(VOICES)
+    session = new_session(VOICES)
     try:
-        updated = P.update_session(session, update, VOICES)
+        updated = update_session(session, update, VOICES)
     except RealtimeError as err:
         assert err.param is not None and err.param.startswith("session")
         return
-    sdk_parses(P.session_updated(updated))
+    sdk_parses(server_events.session_updated(updated))

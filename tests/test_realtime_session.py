@@ -3,6 +3,7 @@ engine workers, where the VAD, Whisper and the voice all run on the workers)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import Callable
 from typing import Any
@@ -65,6 +66,33 @@ async def append(comm: Any, audio: bytes) -> None:
         )
 
 
+async def test_the_transcript_streams_while_the_question_is_spoken(connect: Callable[..., Any], voice: Hibari) -> None:
+    """Streaming recognition: appended at a microphone's pace, a 2.5 s question has transcription
+    deltas for its item before speech_stopped; the deltas join to the completed transcript."""
+    import asyncio
+
+    comm = await open_session(
+        connect, output_modalities=["text"], audio={"input": {"transcription": {"model": "whisper-1"}}}
+    )
+    question = silence(0.5) + trimmed(voice, "Please tell me how many people you can see in the room.") + silence(1.5)
+    for i in range(0, len(question), CHUNK):
+        await comm.send_json_to(
+            {"type": "input_audio_buffer.append", "audio": base64.b64encode(question[i : i + CHUNK]).decode()}
+        )
+        await asyncio.sleep(0.1)  # 100 ms of audio per 100 ms
+    events = await until(comm, "response.done")
+    types = [e["type"] for e in events]
+    assert "error" not in types, events
+    item_id = next(e for e in events if e["type"] == "input_audio_buffer.speech_started")["item_id"]
+    stopped = types.index("input_audio_buffer.speech_stopped")
+    early = [e for e in events[:stopped] if e["type"] == "conversation.item.input_audio_transcription.delta"]
+    assert early and all(e["item_id"] == item_id for e in early), types
+    heard = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
+    deltas = [e["delta"] for e in events if e["type"] == "conversation.item.input_audio_transcription.delta"]
+    assert heard["item_id"] == item_id and "".join(deltas) == heard["transcript"]
+    assert {"people", "room"} <= set(heard["transcript"].lower().replace(".", "").split())
+
+
 async def test_a_pause_inside_a_question_does_not_end_the_turn(connect: Callable[..., Any], voice: Hibari) -> None:
     """The early transcription started at the pause is dropped when the speaker goes on: the turn's
     transcript has the whole question."""
@@ -115,3 +143,52 @@ async def test_an_audio_item_and_an_answer_kept_out_of_the_conversation(
     await comm.send_json_to({"type": "conversation.item.delete", "item_id": item_id})
     deleted = await recv(comm)
     assert (deleted["type"], deleted["item_id"]) == ("conversation.item.deleted", item_id)
+
+
+async def test_a_cancel_stops_the_response_while_earlier_events_wait_for_the_vad(
+    connect: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """response.cancel overtakes the session's inbox: the response stops while an append before it
+    still waits for its VAD round trip; the cancel is then answered in order (response.done
+    cancelled after that append is handled)."""
+    from omniweb.conversation import TurnSpec
+    from omniweb.openai_api.realtime.consumer import RealtimeConsumer
+
+    consumers: list[RealtimeConsumer] = []
+    connect_consumer = RealtimeConsumer.connect
+
+    async def keep(self: RealtimeConsumer) -> None:
+        consumers.append(self)
+        await connect_consumer(self)
+
+    stopped, vad_free = asyncio.Event(), asyncio.Event()
+
+    async def endless(self: TurnSpec, engine: Any) -> Any:  # a response that runs until it is stopped
+        try:
+            await asyncio.Event().wait()
+            yield
+        finally:
+            stopped.set()
+
+    async def slow_feed(pcm: bytes) -> list[Any]:  # a VAD round trip that takes its time
+        await vad_free.wait()
+        return []
+
+    monkeypatch.setattr(RealtimeConsumer, "connect", keep)
+    monkeypatch.setattr(TurnSpec, "run", endless)
+    comm = await open_session(connect, output_modalities=["text"])
+    [consumer] = consumers
+    monkeypatch.setattr(consumer.listener, "feed", slow_feed)
+    question = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Who is there?"}]}
+    await comm.send_json_to({"type": "conversation.item.create", "item": question})
+    await comm.send_json_to({"type": "response.create"})
+    await until(comm, "response.content_part.added")
+    await comm.send_json_to({"type": "input_audio_buffer.append", "audio": base64.b64encode(silence(0.1)).decode()})
+    await comm.send_json_to({"type": "response.cancel"})
+    await asyncio.wait_for(stopped.wait(), 10)  # at once: the append before it is still being heard
+    assert not vad_free.is_set()
+    vad_free.set()
+    events = await until(comm, "response.done")
+    assert "error" not in [e["type"] for e in events], events
+    assert events[-1]["response"]["status"] == "cancelled"
+    assert events[-1]["response"]["status_details"]["reason"] == "client_cancelled"

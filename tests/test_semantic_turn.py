@@ -327,20 +327,21 @@ async def test_a_realtime_agent_session_update_with_tracing_and_semantic_vad_is_
     ],
 )
 def test_bad_semantic_vad_fields_are_refused_naming_the_field(fields: dict[str, Any], param: str) -> None:
-    from omniweb.openai_api.realtime import protocol as P
+    from omniweb.openai_api.realtime.errors import RealtimeError
+    from omniweb.openai_api.realtime.session import new_session, update_session
 
     voices = {"alloy": "alloy"}
-    with pytest.raises(P.RealtimeError) as info:
-        P.update_session(P.new_session(voices), {"audio": {"input": fields}}, voices)
+    with pytest.raises(RealtimeError) as info:
+        update_session(new_session(voices), {"audio": {"input": fields}}, voices)
     assert info.value.param == f"session.audio.input.{param}"
 
 
 @pytest.mark.parametrize("tracing", ["auto", None, {"workflow_name": "agent", "group_id": "g", "metadata": {}}])
 def test_tracing_is_accepted_and_ignored(tracing: Any) -> None:
-    from omniweb.openai_api.realtime import protocol as P
+    from omniweb.openai_api.realtime.session import new_session, update_session
 
     voices = {"alloy": "alloy"}
-    session = P.update_session(P.new_session(voices), {"tracing": tracing, "instructions": "hi"}, voices)
+    session = update_session(new_session(voices), {"tracing": tracing, "instructions": "hi"}, voices)
     assert session.tracing is None and session.instructions == "hi"
 
 

@@ -244,6 +244,19 @@ def test_one_clients_burst_does_not_hold_another_clients_first_audio(measured):
     assert after >= len(burst) // 2, f"only {after} of {len(burst)} of client a's first audio came after b's"
 
 
+def test_a_conversation_turn_is_judged_by_its_own_longer_budget(measured):
+    """A turn of an ongoing conversation (admit_budget: its speaker is already waiting) is admitted
+    where a new request with the same estimate is refused."""
+    alone = measured.estimated_waits()[PIPELINE]
+    measured._admit_budget = alone / 100  # below any request's own first-audio work
+    with pytest.raises(AdmissionError) as refused:
+        measured.submit("new", request(HELLO), Sink())
+    assert refused.value.kind is ErrorKind.CAPACITY
+    turn = Sink()
+    measured.submit("turn", {**request(HELLO), "admit_budget": 100 * alone}, turn)
+    assert turn.ended.wait(10) and turn.end["status"] == "ok"
+
+
 @pytest.fixture
 def shedding(measured: Scheduler, monkeypatch: pytest.MonkeyPatch) -> Scheduler:
     """Sessions and HTTP requests use a measured scheduler that refuses every new request."""
@@ -306,7 +319,9 @@ def test_a_front_door_reservation_counts_until_submitted_or_released(measured):
     assert measured.estimated_waits()[PIPELINE] == pytest.approx(idle, rel=0.5)  # submitted: no longer held
 
 
-async def test_a_shed_realtime_response_is_an_error_event_and_a_failed_response(connect, request, monkeypatch):
+async def test_a_shed_realtime_response_is_an_error_event_and_a_failed_response(
+    connect, request, monkeypatch, settings
+):
     if request.node.callspec.params["engine"] != "local":
         pytest.skip("sheds on this process's engine; the workers' own shedding is the same code")
     comm = await connect("/v1/realtime?model=gpt-realtime")
@@ -322,6 +337,7 @@ async def test_a_shed_realtime_response_is_an_error_event_and_a_failed_response(
         pass
     assert event["response"]["status"] == "completed", event
     monkeypatch.setattr(runtime.get_scheduler(), "_admit_budget", 1e-6)  # below any turn's own work
+    settings.ENGINE_TURN_ADMIT_BUDGET_MS = 1e-3  # a conversation's turn has its own budget
     await comm.send_json_to(question)
     await comm.send_json_to(text_only)
     events = [await comm.receive_json_from(timeout=20)]

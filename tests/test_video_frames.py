@@ -1,4 +1,4 @@
-"""Frames (video/frames.py): strict base64, headers, the decompression-bomb guard, thumbnails, the
+"""Frames (omniweb/media/frames.py): strict base64, headers, the decompression-bomb guard, thumbnails, the
 similarity filter on camera-like frames, and frame sampling. Pure functions: no engine, no sockets."""
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 from support.camera_scenes import PAIRS, room, shoot, with_person
 
-from video import frames
-from video.frames import FrameError
-from video.protocol import DEFAULT_FRAME_FILTER_THRESHOLD
+from omniweb.media import frames
+from omniweb.media.frames import DEFAULT_FRAME_FILTER_THRESHOLD, FrameError
 
 
 def jpeg(width: int = 640, height: int = 480, *, color: tuple[int, int, int] = (40, 120, 200), **params: int) -> bytes:

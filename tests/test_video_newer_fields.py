@@ -8,7 +8,7 @@ import pytest
 from support.messages import expect_close, expect_error, receive_until
 from support.video import QUESTION, ack, collect_turn, frame, is_type, jpeg, scene_frames, sync, video, video_requests
 
-from video import frames
+from omniweb.media import frames
 
 
 # -- event_names -----------------------------------------------------------------------------------

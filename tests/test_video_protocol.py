@@ -10,6 +10,7 @@ import wave
 
 import pytest
 
+from omniweb.media import frames
 from speech.protocol import Capabilities
 from video import protocol
 from video.protocol import ProtocolError
@@ -43,7 +44,7 @@ def test_config_defaults_follow_the_seed_except_the_filter_threshold() -> None:
     assert c.use_audio_in_video is True
     assert c.sampling_params_list is None
     assert c.enable_frame_filter is True
-    assert c.frame_filter_threshold == protocol.DEFAULT_FRAME_FILTER_THRESHOLD == 0.9996
+    assert c.frame_filter_threshold == frames.DEFAULT_FRAME_FILTER_THRESHOLD == 0.9996
     assert c.voice is None
 
 

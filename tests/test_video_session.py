@@ -13,7 +13,8 @@ import pytest
 from support.messages import expect_close, expect_error, expect_silence, receive_json
 from support.video import VIDEO_PATH, ack, b64, frame, jpeg, sync, video
 
-from video import frames, protocol
+from omniweb.media import frames
+from video import protocol
 
 
 def png_bomb(width: int, height: int) -> bytes:

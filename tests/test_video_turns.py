@@ -161,6 +161,7 @@ async def test_engine_request_follows_the_contract(connect, requests_seen):
         "voice",
         "model",
         "timestamps",
+        "admit_budget",
     }
     assert request["timestamps"] is True  # the spoken answer's word timings (audio is in the modalities)
     assert request["question"] == QUESTION

@@ -6,8 +6,8 @@ interrupt, history) and serializes the core's typed events back into the endpoin
 
 ``receive`` is the socket's single reader (Channels dispatches one message at a time). It checks the
 first ``session.config`` itself, then parses each later message and puts it on the session's bounded
-inbox. One processor task takes the inbox in order, with one handler per message type, so frames,
-audio and queries keep their arrival order while the reader stays free.
+inbox (the core's ``Inbox``). Its one processor task takes the inbox in order, with one handler per
+message type, so frames, audio and queries keep their arrival order while the reader stays free.
 
 Frames are checked on the acknowledgement path on the decode pool (video/decoding.py, through the
 core's ``FrameBuffer``): strict base64, JPEG/PNG header, pixel budget, JPEG scan count, the
@@ -28,7 +28,6 @@ detection by one round trip per chunk.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import uuid
@@ -52,6 +51,9 @@ from omniweb.conversation import (
     FrameSelection,
     FramesSelected,
     History,
+    Inbox,
+    InboxFull,
+    InboxLimits,
     Listener,
     NoUsableFrames,
     Question,
@@ -64,17 +66,19 @@ from omniweb.conversation import (
     TurnSpec,
     now_ms,  # the server clock of every *_ts_ms field: monotonic milliseconds, as in the seed
 )
+from omniweb.conversation.clock import SessionClock
 from omniweb.conversation.listening import FEED_MS
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
 from omniweb.errors import EngineError, ErrorKind
+from omniweb.media.frames import FrameError
 from omniweb.protocol import excerpt
-from omniweb.sessions import SessionClock, SessionConsumer, spawn
+from omniweb.sessions import SessionConsumer
+from omniweb.tasks import spawn
 from omniweb.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, VadParams, VoiceActivity
 from speech.tts.model import capabilities
 
 from . import protocol
-from .frames import FrameError
 from .protocol import ProtocolError, VideoSessionConfig
 
 logger = logging.getLogger(__name__)
@@ -111,18 +115,29 @@ class _Reply:
 
 _Item = dict[str, Any] | _DecodeFailed
 LISTEN_MAX_BYTES = 5 * 2 * protocol.INPUT_SAMPLE_RATE  # at most 5 s of queued audio per VAD call
+INBOX_FULL = "Too many messages queued: the session cannot keep up; session closed"
 
 
-def _is_audio_chunk(item: _Item) -> bool:
+def _is_audio_chunk(item: _Item | None) -> bool:
     return isinstance(item, dict) and item.get("type") == "audio.chunk"
 
 
 class VideoStreamConsumer(SessionConsumer):
     async def connect(self) -> None:
         self.config: VideoSessionConfig | None = None
-        self.inbox: asyncio.Queue[_Item] = asyncio.Queue()  # client messages are bounded in receive()
-        self.queued = 0
-        self.queued_bytes = 0
+        # All sessions together (omniweb/budget.py); one message at a time always passes, so a client
+        # that waits for its acks meets the budget as refused frames, a flooding one as a close.
+        self.inbox: Inbox[_Item] = Inbox(
+            self._handle,
+            InboxLimits(
+                max_messages=protocol.MAX_QUEUED_MESSAGES,
+                max_bytes=protocol.MAX_QUEUED_BYTES,
+                full_message=INBOX_FULL,
+                budget_message=process_budget.INBOX_FULL_MESSAGE,
+            ),
+            hold=lambda queued, alone: self.budget_share.hold("inbox", queued, force=alone),
+            gate=lambda: self.state is not SessionState.CLOSED,
+        )
         self.tasks: list[asyncio.Task[None]] = []
         self.replies: dict[ActiveTurn, _Reply] = {}
         self.listener: Listener | None = None  # with turn_detection: server VAD over the audio
@@ -156,10 +171,6 @@ class VideoStreamConsumer(SessionConsumer):
         conversation = getattr(self, "conversation", None)
         return conversation.state if conversation is not None else SessionState.CLOSED
 
-    @state.setter
-    def state(self, value: ConversationState) -> None:
-        self.conversation.state = value
-
     @property
     def frames(self) -> FrameBuffer:
         assert self.conversation.frames is not None
@@ -181,6 +192,8 @@ class VideoStreamConsumer(SessionConsumer):
         for name in ("tasks", "handlers", "replies"):
             with contextlib.suppress(AttributeError):  # connect may have failed before setting it
                 getattr(self, name).clear()
+        with contextlib.suppress(AttributeError):
+            self.inbox.close()  # held messages, and its callbacks (closures over the session)
         self.clock = None
         self.conversation = None
         self.listener = None
@@ -209,23 +222,15 @@ class VideoStreamConsumer(SessionConsumer):
         except ProtocolError as exc:
             await self.send_json(protocol.error(exc.message))
             return
-        size = len(text_data)
-        if self.queued >= protocol.MAX_QUEUED_MESSAGES or self.queued_bytes + size > protocol.MAX_QUEUED_BYTES:
-            await self.fail("Too many messages queued: the session cannot keep up; session closed")
-            return
-        # All sessions together (omniweb/budget.py); one message at a time always passes, so a client
-        # that waits for its acks meets the budget as refused frames, a flooding one as a close.
-        if not self.budget_share.hold("inbox", self.queued_bytes + size, force=not self.queued_bytes):
-            await self.fail(process_budget.INBOX_FULL_MESSAGE, ErrorKind.CAPACITY)
-            return
-        msg["_size"] = size
-        self.queued += 1
-        self.queued_bytes += size
         if msg.get("type") == "video.frame":
             msg["_received_ms"] = received_ms
-        elif msg.get("type") == "video.done":
-            self.state = SessionState.FINISHING
-        self.inbox.put_nowait(msg)
+        try:
+            await self.inbox.deliver(msg, len(text_data))
+        except InboxFull as full:
+            await self.fail(full.message, full.kind)
+            return
+        if msg.get("type") == "video.done":
+            self.conversation.finish()  # nothing after it is read
 
     async def on_session_config(self, text_data: str) -> None:
         try:
@@ -243,7 +248,7 @@ class VideoStreamConsumer(SessionConsumer):
                 max_bytes=settings.VIDEO_MAX_BUFFER_BYTES,
                 max_pixels=settings.VIDEO_MAX_FRAME_PIXELS,
                 filter_threshold=config.frame_filter_threshold if config.enable_frame_filter else None,
-                on_decode_failed=lambda frame: self.inbox.put_nowait(_DecodeFailed(frame)),
+                on_decode_failed=lambda frame: self.inbox.post(_DecodeFailed(frame)),
             ),
             audio=AudioBuffer(protocol.MAX_AUDIO_BUFFER_BYTES, protocol.INPUT_SAMPLE_RATE),
             history=History(turns),
@@ -260,35 +265,24 @@ class VideoStreamConsumer(SessionConsumer):
                 take_segments=vad.create_response,
                 feed_ms=FEED_MS,  # the page sends 40 ms chunks: one VAD request per ~100 ms, not per chunk
             )
-        self.tasks.append(spawn(self._process(), "video session processor"))
+        self.tasks.append(spawn(self.inbox.run(), "video session processor"))
 
     # -- the processor: one handler per message type -----------------------------------------------
-    async def _process(self) -> None:
-        """Handle the inbox in order. What has queued up is taken at once (still counted against the
-        inbox's bounds until handled), so the server VAD can hear a run of queued ``audio.chunk``s in
-        one engine call instead of one round trip each (a client that sends faster than real time,
-        or any client while the engine is busy)."""
-        taken: collections.deque[_Item] = collections.deque()
-        while self.state is not SessionState.CLOSED:
-            if not taken:
-                taken.append(await self.inbox.get())
-            while not self.inbox.empty():
-                taken.append(self.inbox.get_nowait())
-            item = taken.popleft()
-            if isinstance(item, _DecodeFailed):
-                await self.on_decode_failed(item.frame)
-                continue
-            self.queued -= 1
-            self.queued_bytes -= item.pop("_size")
-            self.budget_share.hold("inbox", self.queued_bytes)
-            msg_type = item.get("type")
-            handler = self.handlers.get(msg_type) if isinstance(msg_type, str) else None
-            if handler is None:
-                await self.send_json(protocol.error(f"Unknown type: {excerpt(msg_type)}"))
-                continue
-            await handler(item)
-            if self.to_hear and not (taken and _is_audio_chunk(taken[0])):
-                await self._listen()
+    async def _handle(self, item: _Item) -> None:
+        """One message of the inbox. Audio waits to be heard while more ``audio.chunk``s are queued
+        behind it, so the server VAD hears a run of them in one engine call instead of one round
+        trip each (a client that sends faster than real time, or any client while the engine is busy)."""
+        if isinstance(item, _DecodeFailed):
+            await self.on_decode_failed(item.frame)
+            return
+        msg_type = item.get("type")
+        handler = self.handlers.get(msg_type) if isinstance(msg_type, str) else None
+        if handler is None:
+            await self.send_json(protocol.error(f"Unknown type: {excerpt(msg_type)}"))
+            return
+        await handler(item)
+        if self.to_hear and not _is_audio_chunk(self.inbox.peek()):
+            await self._listen()
 
     async def on_video_frame(self, msg: dict[str, Any]) -> None:
         received_ms = msg.pop("_received_ms")
@@ -424,6 +418,7 @@ class VideoStreamConsumer(SessionConsumer):
             modalities=tuple(config.modalities),
             voice=config.voice,
             model=config.model,
+            admit_budget=settings.ENGINE_TURN_ADMIT_BUDGET_MS / 1000.0,
             request_id=f"video-{uuid.uuid4().hex[:12]}",
         )
         reply = _Reply(

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from omniweb.media.frames import DEFAULT_FRAME_FILTER_THRESHOLD
 from omniweb.protocol import ProtocolError, describe_validation_error, excerpt, loads
 from omniweb.protocol import error as error  # the endpoint's error message is the shared one
 from speech.protocol import Capabilities
@@ -25,9 +26,6 @@ MAX_QUEUED_BYTES = 64 * 1024 * 1024  # the same bound in bytes (a few max-size f
 INPUT_SAMPLE_RATE = 16000
 OUTPUT_SAMPLE_RATE = 24000
 MODALITIES = ("text", "audio")
-# The similarity filter's default; see video/frames.py for what it means in pixels and why it is
-# not the seed's 0.95 (which keeps only cuts to another scene).
-DEFAULT_FRAME_FILTER_THRESHOLD = 0.9996
 DEFAULT_WINDOW_SECONDS = 2.0  # sampling_strategy "latest_seconds" without window_seconds
 # The audio events' names: seed 002's, or OpenAI's GA names that newer upstream clients expect.
 AUDIO_EVENTS = {

@@ -23,11 +23,20 @@ Session (``session.py``)
     and ``run(engine)``, as a task; each event is awaited through ``emit(turn, event)`` in order;
     ``ended`` is awaited when it ends on its own), ``input_closed()`` (SPEAKING → ANSWERING),
     ``interrupt()`` (the one way to stop a turn early: aborts the engine request at once, lets the
-    event being written complete, cancels the task; the turn emits nothing more), ``wait()``, ``close()``.
+    event being written complete, cancels the task; the turn emits nothing more), ``finish()``
+    (→ FINISHING), ``stop_input()`` (→ CLOSED before ``close``), ``wait()``, ``close()``. ``state`` is
+    read-only: only these methods move it, and a move the state does not allow raises
+    ``IllegalTransition``.
+Inbox (``inbox.py``)
+    ``Inbox(handle, InboxLimits(max_messages, max_bytes, full_message, budget_message), hold=, gate=,
+    inline=)``: the session's one bounded queue between the socket's reader and one processor
+    (``run()``): ``await deliver(item, size, urgent=)`` (raises ``InboxFull(message, kind)``; urgent:
+    handled at once, overtaking what is queued), ``post(item)`` (the server's own, never refused),
+    ``peek()``, ``reopen()`` (the gate may have opened), ``clear()``.
 Frame buffer (``frames.py``)
     ``FrameBuffer(max_frames=, max_bytes=, max_pixels=, filter_threshold=, on_decode_failed=)``:
     ``await add(b64, received_ms=, frame_id=, pts_ms=, meta=) -> FrameAdded`` (raises
-    ``video.frames.FrameError`` with a client-safe message: the decoding guards, the similarity
+    ``omniweb.media.frames.FrameError`` with a client-safe message: the decoding guards, the similarity
     filter, eviction by count and bytes, the process budget), ``snapshot()``, ``remove_failed()``;
     frames decode ahead of any turn. ``FrameSelection(num_frames, strategy, window_seconds)`` picks
     the frames a turn shows the thinker (``"latest_frames"``: the latest N).
@@ -90,8 +99,9 @@ from .chunks import (
 )
 from .frames import BufferedFrame, FrameAdded, FrameBuffer, FrameSelection
 from .history import History
+from .inbox import Inbox, InboxFull, InboxLimits
 from .listening import AudioRefused, EarlyTranscription, Heard, Listener, ListenEvent, SpeechSegment
-from .session import ActiveTurn, Conversation, ConversationState, Emit, Ended, Turn
+from .session import ActiveTurn, Conversation, ConversationState, Emit, Ended, IllegalTransition, Turn
 from .turns import FramesSelected, NoUsableFrames, Question, TurnEvent, TurnSpec, now_ms, run_turn
 from .utterance import SpeechTurn
 
@@ -115,6 +125,10 @@ __all__ = [
     "FramesSelected",
     "Heard",
     "History",
+    "IllegalTransition",
+    "Inbox",
+    "InboxFull",
+    "InboxLimits",
     "ListenEvent",
     "Listener",
     "NoUsableFrames",

@@ -1,7 +1,7 @@
 """The session's frame buffer: the video endpoint's guards and limits, for any wire format.
 
 ``add`` runs the acknowledgement-path checks on the decode pool (strict base64, JPEG/PNG header,
-pixel budget, JPEG scan count, the similarity thumbnail; ``video.frames``), evicts the oldest frames
+pixel budget, JPEG scan count, the similarity thumbnail; ``omniweb.media.frames``), evicts the oldest frames
 by count and by bytes, and reserves the bytes from the process budget. A decoder task then fully
 decodes each buffered frame ahead of time, also on the pool; a frame that does not decode is
 reported through ``on_decode_failed`` (the adapter removes it in order with ``remove_failed``). A
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from omniweb import budget as process_budget
-from omniweb.sessions import spawn
-from video import frames
-from video.decoding import run_decode
-from video.frames import FrameError
+from omniweb.media import frames
+from omniweb.media.decoding import run_decode
+from omniweb.media.frames import FrameError
+from omniweb.tasks import spawn
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class FrameAdded:
 
 @dataclass(frozen=True)
 class FrameSelection:
-    """Which buffered frames a turn shows the thinker (``video.frames.select_frames``); times are the
+    """Which buffered frames a turn shows the thinker (``omniweb.media.frames.select_frames``); times are the
     client's ``pts_ms`` when every frame has one, else when the server received them."""
 
     num_frames: int = 4
@@ -144,7 +144,7 @@ class FrameBuffer:
             width=prepared.header.width,
             height=prepared.header.height,
             meta=meta or {},
-            ok=prepared.decoded,  # the filter thumbnail's decode proved it (video/frames.py)
+            ok=prepared.decoded,  # the filter thumbnail's decode proved it (omniweb/media/frames.py)
         )
         self._frames.append(frame)
         self._queue.append(frame)

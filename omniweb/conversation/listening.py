@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from omniweb.sessions import spawn
+from omniweb.tasks import spawn
 from omniweb.vad import SpeechStarted, SpeechStopped, VoiceActivity
 
 from .audio import AudioBuffer

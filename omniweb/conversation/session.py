@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from omniweb.engine.client import EngineClient
 from omniweb.errors import ErrorKind
-from omniweb.sessions import spawn
+from omniweb.tasks import spawn
 
 from .audio import AudioBuffer
 from .chunks import TurnEnd
@@ -38,6 +38,33 @@ class ConversationState(enum.Enum):
     SPEAKING = "speaking"  # a turn answers while its input still arrives (speech: pieces before the flush)
     FINISHING = "finishing"  # the client said it is done: the active turn completes, then the session ends
     CLOSED = "closed"
+
+
+# The moves a session may make; anything else is a bug in the adapter, refused (IllegalTransition).
+_MOVES: dict[ConversationState, frozenset[ConversationState]] = {
+    ConversationState.AWAITING_CONFIG: frozenset({ConversationState.READY, ConversationState.CLOSED}),
+    ConversationState.READY: frozenset(
+        {
+            ConversationState.READY,  # a new session.config
+            ConversationState.ANSWERING,
+            ConversationState.SPEAKING,
+            ConversationState.FINISHING,
+            ConversationState.CLOSED,
+        }
+    ),
+    ConversationState.SPEAKING: frozenset(
+        {ConversationState.ANSWERING, ConversationState.READY, ConversationState.FINISHING, ConversationState.CLOSED}
+    ),
+    ConversationState.ANSWERING: frozenset(
+        {ConversationState.READY, ConversationState.FINISHING, ConversationState.CLOSED}
+    ),
+    ConversationState.FINISHING: frozenset({ConversationState.CLOSED}),
+    ConversationState.CLOSED: frozenset({ConversationState.CLOSED}),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """An adapter asked the session for a move its state does not allow."""
 
 
 class Turn(Protocol):
@@ -80,19 +107,29 @@ class Conversation:
 
     def __init__(self, engine: EngineClient, *, on_idle: Callable[[], None] | None = None) -> None:
         self.engine = engine
-        self.state = ConversationState.AWAITING_CONFIG
+        self._state = ConversationState.AWAITING_CONFIG
         self.frames: FrameBuffer | None = None
         self.audio: AudioBuffer | None = None
         self.history: History | None = None
         self.turn: ActiveTurn | None = None
         self._on_idle = on_idle  # a turn ended (the adapter restarts its idle clock)
 
+    @property
+    def state(self) -> ConversationState:
+        """Read-only: the state changes only through the methods below, which refuse illegal moves."""
+        return self._state
+
+    def _move(self, to: ConversationState) -> None:
+        if to not in _MOVES[self._state]:
+            raise IllegalTransition(f"{self._state.value} -> {to.value}")
+        self._state = to
+
     def configure(
         self, *, frames: FrameBuffer | None = None, audio: AudioBuffer | None = None, history: History | None = None
     ) -> None:
         """The session is configured: buffers ready (those the endpoint uses), frames decode ahead from now on."""
+        self._move(ConversationState.READY)
         self.frames, self.audio, self.history = frames, audio, history
-        self.state = ConversationState.READY
         if frames is not None:
             frames.start()
 
@@ -122,15 +159,23 @@ class Conversation:
         self.turn = turn
         if self.frames is not None:
             self.frames.pin(spec.frames)
-        if self.state is ConversationState.READY:
-            self.state = ConversationState.SPEAKING if input_open else ConversationState.ANSWERING
+        if self._state is ConversationState.READY:
+            self._move(ConversationState.SPEAKING if input_open else ConversationState.ANSWERING)
         turn.task = spawn(self._run(turn, emit, stopped, ended), "conversation turn")
         return turn
 
     def input_closed(self) -> None:
         """The running turn's input is complete (SPEAKING → ANSWERING)."""
-        if self.state is ConversationState.SPEAKING:
-            self.state = ConversationState.ANSWERING
+        if self._state is ConversationState.SPEAKING:
+            self._move(ConversationState.ANSWERING)
+
+    def finish(self) -> None:
+        """The client is done: the running turn (if any) completes, nothing new is taken; ``close`` ends it."""
+        self._move(ConversationState.FINISHING)
+
+    def stop_input(self) -> None:
+        """The session takes nothing more (its socket is closing); ``close`` then frees it."""
+        self._move(ConversationState.CLOSED)
 
     async def _run(self, turn: ActiveTurn, emit: Emit, stopped: Callable[[], bool], ended: Ended | None) -> None:
         try:
@@ -146,8 +191,8 @@ class Conversation:
                 self.turn = None
                 if self.frames is not None:
                     self.frames.unpin()
-                if self.state in (ConversationState.ANSWERING, ConversationState.SPEAKING):
-                    self.state = ConversationState.READY
+                if self._state in (ConversationState.ANSWERING, ConversationState.SPEAKING):
+                    self._move(ConversationState.READY)
                 if self._on_idle is not None:
                     self._on_idle()
         if ended is not None and not turn.interrupted:
@@ -191,7 +236,7 @@ class Conversation:
     async def close(self) -> None:
         """End the session: abort the running turn (unless it is the caller), stop the decoder, free
         the buffers (their bytes go back to the process budget)."""
-        self.state = ConversationState.CLOSED
+        self._move(ConversationState.CLOSED)
         current = asyncio.current_task()
         turn = self.turn
         if turn is not None and turn.task is not None and turn.task is not current and not turn.task.done():

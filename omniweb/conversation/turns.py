@@ -58,6 +58,10 @@ class TurnSpec:
     voice: str | None = None  # None: the server's default voice
     model: str | None = None
     require_frames: bool = True  # False: a turn may run with no image at all
+    # Seconds its first audio may take before the engine refuses it as at capacity (None: the
+    # engine's budget). A turn's speaker is already in the session, waiting: refusing drops what
+    # they said, so conversations allow more than a new request gets.
+    admit_budget: float | None = None
     request_id: str = field(default_factory=lambda: f"turn-{uuid.uuid4().hex[:12]}")
 
     def run(self, engine: EngineClient) -> AsyncIterator[TurnEvent]:
@@ -98,6 +102,8 @@ def engine_request(spec: TurnSpec, frames: Sequence[BufferedFrame]) -> dict[str,
     }
     if spec.question.transcribe:
         request["transcribe"] = True
+    if spec.admit_budget is not None:
+        request["admit_budget"] = spec.admit_budget
     return request
 
 

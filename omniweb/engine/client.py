@@ -14,12 +14,24 @@ from typing import Any, Protocol
 
 from omniweb.errors import CAPACITY_MESSAGE, ErrorKind, engine_end
 
-from .dispatch import MAX_REQUEST_BYTES, REQUEST_TOO_LARGE, request_bytes
 from .scheduler import AdmissionError, Scheduler, Sink
 from .tenants import RESERVATION, with_tenant
 
 logger = logging.getLogger(__name__)
 READY_POLL_SECONDS = 0.05  # how often a request waiting for its models looks again
+MAX_REQUEST_BYTES = 64 * 1024 * 1024  # a request's bytes in all (frames, audio): the same in both modes
+REQUEST_TOO_LARGE = "request too large for the engine: over 64 MiB of frames and audio in one request"
+
+
+def request_bytes(value: Any) -> int:
+    """The byte strings a request carries (frames, audio), in all: what ``MAX_REQUEST_BYTES`` bounds."""
+    if isinstance(value, bytes | bytearray):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(request_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(request_bytes(v) for v in value)
+    return 0
 
 
 class EngineClient(Protocol):

@@ -26,8 +26,9 @@ import msgpack
 from channels.exceptions import ChannelFull
 
 from omniweb.errors import CAPACITY_MESSAGE, ErrorKind, engine_end
-from omniweb.sessions import spawn
+from omniweb.tasks import spawn
 
+from .client import MAX_REQUEST_BYTES, REQUEST_TOO_LARGE, request_bytes
 from .tenants import with_tenant
 
 logger = logging.getLogger(__name__)
@@ -42,24 +43,11 @@ WORKER_BEAT_SECONDS = 0.5  # how often a worker publishes its load (metrics, hea
 BLOB_MIN_BYTES = 128 * 1024  # byte strings this large travel as Redis keys, not inside the message
 BLOB_KEY_PREFIX = "omniweb:blob:"
 BLOB_REF = "$omniweb.blob"  # {BLOB_REF: key} stands for the bytes stored under key
-MAX_REQUEST_BYTES = 64 * 1024 * 1024  # a request's bytes in all (frames, audio): the same in both modes
-REQUEST_TOO_LARGE = "request too large for the engine: over 64 MiB of frames and audio in one request"
 BLOB_GRACE_SECONDS = 30.0  # keys outlive the accept timeout by this much, then Redis drops them
 
 
 def message_size(message: dict[str, Any]) -> int:
     return len(msgpack.packb(message, use_bin_type=True))
-
-
-def request_bytes(value: Any) -> int:
-    """The byte strings a request carries (frames, audio), in all: what ``MAX_REQUEST_BYTES`` bounds."""
-    if isinstance(value, bytes | bytearray):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(request_bytes(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(request_bytes(v) for v in value)
-    return 0
 
 
 def split_for_layer(chunk: dict[str, Any], limit: int = AUDIO_SPLIT_BYTES) -> list[dict[str, Any]]:
@@ -127,12 +115,12 @@ class ChannelEngineClient:
         lease: float,
         accept_timeout: float,
         redis_url: str | None = None,
-        room: Callable[[str], Awaitable[float | None]] | None = None,
+        room: Callable[[str, float | None], Awaitable[float | None]] | None = None,
     ) -> None:
         self._layer = layer
-        # Load shedding at the web tier: ``room(pipeline)`` is None while some ready worker has
-        # room for a new request (by the estimates in the workers' heartbeats), else seconds to
-        # wait before a retry; then the request is refused here, without a trip to the workers.
+        # Load shedding at the web tier: ``room(pipeline, admit_budget)`` is None while some ready
+        # worker has room for a new request (by the estimates in the workers' heartbeats), else
+        # seconds to wait before a retry; then the request is refused here, without a trip to the workers.
         self._room = room
         self._redis_url = redis_url  # where large byte strings go; None: requests must fit one message
         self._channel = channel
@@ -147,7 +135,8 @@ class ChannelEngineClient:
             yield engine_end(ErrorKind.CLIENT, REQUEST_TOO_LARGE)
             return
         if self._room is not None and request.get("priority") != "batch":
-            retry = await self._room(str(request.get("pipeline", "")))
+            own = request.get("admit_budget")
+            retry = await self._room(str(request.get("pipeline", "")), own if isinstance(own, int | float) else None)
             if retry is not None:
                 yield engine_end(ErrorKind.CAPACITY, CAPACITY_MESSAGE, retry_after=round(retry, 3))
                 return

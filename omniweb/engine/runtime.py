@@ -172,9 +172,10 @@ class WorkerRoom:
         self._beats: list[dict[str, Any]] = []
         self._read_at = -1e9
 
-    async def __call__(self, pipeline: str) -> float | None:
-        """None when a ready worker would start it within the budget (or none says otherwise),
-        else the seconds until the least loaded one would."""
+    async def __call__(self, pipeline: str, budget: float | None = None) -> float | None:
+        """None when a ready worker would start it within the budget (the request's own, a
+        conversation turn's, else the engine's; or no worker says otherwise), else the seconds
+        until the least loaded one would."""
         from omniweb.engine.dispatch import WORKER_BEAT_SECONDS
         from omniweb.metrics import read_heartbeats
 
@@ -182,10 +183,11 @@ class WorkerRoom:
         if now - self._read_at >= WORKER_BEAT_SECONDS:
             self._read_at = now
             self._beats = [b for b in await read_heartbeats() or [] if b.get("up") and b.get("ready", True)]
+        limit = budget if budget is not None and budget > 0 else self._budget
         waits = [b.get("estimated_wait_seconds", {}).get(pipeline) for b in self._beats]
-        if not waits or any(not isinstance(w, int | float) or w <= self._budget for w in waits):
+        if not waits or any(not isinstance(w, int | float) or w <= limit for w in waits):
             return None  # unknown (no estimate yet, an older worker): the workers decide
-        return min(waits) - self._budget
+        return min(waits) - limit
 
 
 def get_engine_client() -> EngineClient:

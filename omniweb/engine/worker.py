@@ -27,7 +27,7 @@ from django.conf import settings
 
 from omniweb.errors import ErrorKind, engine_end
 from omniweb.metrics import WORKER_KEY_PREFIX, engine_record, serve_worker_metrics
-from omniweb.sessions import spawn
+from omniweb.tasks import spawn
 
 from .client import admission_end
 from .dispatch import (

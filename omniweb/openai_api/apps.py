@@ -7,4 +7,4 @@ class OpenAIApiConfig(AppConfig):
     verbose_name = "OpenAI-compatible audio APIs"
 
     def ready(self) -> None:
-        import speech.containers  # noqa: F401  (loads FFmpeg now, not on the first request: ~0.15 s)
+        import omniweb.media.containers  # noqa: F401  (loads FFmpeg now, not on the first request: ~0.15 s)

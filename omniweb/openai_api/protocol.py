@@ -17,7 +17,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from speech.containers import STREAM_FORMATS
+from omniweb.media.containers import STREAM_FORMATS
 from speech.protocol import Capabilities
 
 # OpenAI's model names, accepted as aliases of the local models, each also with a snapshot date

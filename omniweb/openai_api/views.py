@@ -34,7 +34,7 @@ from omniweb.asr.whisper import SAMPLE_RATE as ENGINE_RATE
 from omniweb.engine.runtime import get_engine_client, loaded_engine_client
 from omniweb.engine.scheduler import BATCH_PRIORITY
 from omniweb.errors import ErrorKind, end_kind
-from speech.containers import StreamEncoder, first_bytes_samples
+from omniweb.media.containers import StreamEncoder, first_bytes_samples
 from speech.protocol import SAMPLE_RATE, SessionConfig, tts_request
 from speech.tts.loops import PIPELINE as TTS_PIPELINE
 from speech.tts.model import capabilities

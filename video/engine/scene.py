@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
-from ..frames import FrameError, decode_picture
+from omniweb.media.frames import FrameError, decode_picture
+
 from .perception import MODELS, PEOPLE_MODELS, Observations, Perception
 from .perception.types import Face, horizontal, vertical
 
@@ -127,7 +128,7 @@ def analyse(
     kept_pts: list[float | None] = []
     unreadable = 0
     for i in pick(len(frames)):
-        try:  # at the analysis width (video.frames.PICTURE_WIDTH), a large JPEG at a reduced DCT scale
+        try:  # at the analysis width (omniweb.media.frames.PICTURE_WIDTH), a large JPEG at a reduced DCT scale
             images.append(decode_picture(frames[i]))
         except FrameError:
             unreadable += 1

@@ -2,12 +2,12 @@
 
 One session per WebSocket. ``receive`` is the socket's single reader (Channels dispatches one
 message at a time), so events are handled in arrival order: each is parsed by
-``omniweb.openai_api.realtime.protocol`` into a typed event and goes to its one handler. A refused event is
+``omniweb.openai_api.realtime.events`` into a typed event and goes to its one handler. A refused event is
 answered with an ``error`` event (its ``event_id`` echoed) and the session goes on.
 
 What the parts are for:
 
-- The effective session (``protocol.Session``) and the conversation's items (``protocol.Conversation``)
+- The effective session (``session.Session``) and the conversation's items (``items.Conversation``)
   are this wire format's own; the thinker is given their text as history.
 - Images (``input_image`` parts) enter the core's ``FrameBuffer``: the video endpoint's decoding
   guards, similarity filter and limits; a response looks at the latest of them.
@@ -52,6 +52,8 @@ from omniweb.conversation import (
     FrameSelection,
     Heard,
     History,
+    Inbox,
+    InboxLimits,
     Listener,
     NoUsableFrames,
     Question,
@@ -63,21 +65,24 @@ from omniweb.conversation import (
     TurnSpec,
     now_ms,
 )
+from omniweb.conversation.clock import SessionClock
 from omniweb.conversation.listening import FEED_MS
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
 from omniweb.engine.scheduler import BATCH_PRIORITY
 from omniweb.errors import ErrorKind
+from omniweb.media.frames import DEFAULT_FRAME_FILTER_THRESHOLD, FrameError
 from omniweb.openai_api.protocol import voice_table
 from omniweb.protocol import dumps
-from omniweb.sessions import SessionClock, SessionConsumer, spawn
+from omniweb.sessions import SessionConsumer
+from omniweb.tasks import spawn
 from omniweb.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, VadParams, VoiceActivity
 from speech.tts.model import capabilities
-from video.frames import FrameError
-from video.protocol import DEFAULT_FRAME_FILTER_THRESHOLD
 
-from . import protocol as P
-from .protocol import RealtimeError
+from . import events, items, server_events
+from .audio import MAX_INPUT_AUDIO_MS, MIN_COMMIT_MS, SAMPLE_RATE, decode_pcm16, pcm_ms, to_engine_rate
+from .errors import RealtimeError, error_event, new_id
+from .session import DEFAULT_MODEL, AnySession, SemanticVad, Session, TranscriptionSession, new_session, update_session
 
 logger = logging.getLogger(__name__)
 # Kinds of a response the engine refused outright (overloaded, still loading, its models broken):
@@ -87,19 +92,22 @@ REFUSED = frozenset({ErrorKind.CAPACITY, ErrorKind.STARTING, ErrorKind.UNAVAILAB
 ENDPOINT = "/v1/realtime"
 SUBPROTOCOL = "realtime"  # what OpenAI's browser clients offer next to openai-insecure-api-key.<token>
 LARGE_MESSAGE = 1024 * 1024  # parse events above this size off the event loop
-BYTES_PER_MS = P.SAMPLE_RATE * 2 // 1000
+BYTES_PER_MS = SAMPLE_RATE * 2 // 1000
 NUM_FRAMES = 4  # the latest images a response looks at
 MAX_FRAMES = 16  # images kept for the conversation (oldest go first)
 MAX_ITEMS = 200
+# Events read, not yet handled: past these the reader waits (the socket paces the client), so a
+# response.cancel behind a long run of appends waits at most this much.
+INBOX_LIMITS = InboxLimits(max_messages=256, max_bytes=64 * 1024 * 1024, wait=True)
 
 
 @dataclass(eq=False)
 class _Running:
     """The response in flight and what its events need."""
 
-    response: P.Response
-    item: P.Item  # the assistant item being written
-    question: P.Item | None  # the user item it answers
+    response: server_events.Response
+    item: items.Item  # the assistant item being written
+    question: items.Item | None  # the user item it answers
     turn: ActiveTurn | None = None
     text: list[str] = field(default_factory=list)
     clock: metrics.TurnClock = field(default_factory=metrics.TurnClock)
@@ -116,11 +124,11 @@ class RealtimeConsumer(SessionConsumer):
             v: v for v in caps.voices
         }
         query = parse_qs(self.scope.get("query_string", b"").decode("latin1"))
-        model = (query.get("model") or [P.DEFAULT_MODEL])[0][:128]
+        model = (query.get("model") or [DEFAULT_MODEL])[0][:128]
         intent = (query.get("intent") or [None])[0]  # "transcription": a transcription session
         # SessionConsumer.config: never None here
-        self.config: P.AnySession = P.new_session(self.voices, model=model, intent=intent)
-        self.items = P.Conversation(MAX_ITEMS)
+        self.config: AnySession = new_session(self.voices, model=model, intent=intent)
+        self.items = items.Conversation(MAX_ITEMS)
         self.vad_item_id: str | None = None  # the item id announced with speech_started
         self._streamed: dict[str, str] = {}  # item id → the transcript deltas streaming sent for it
         self.running: _Running | None = None
@@ -138,6 +146,11 @@ class RealtimeConsumer(SessionConsumer):
             "response.cancel": self.on_response_cancel,
         }
         self.closed = False  # from here on, _shutdown has something to stop
+        # Events in arrival order (a refusal of one that did not parse keeps its place); one
+        # processor handles them, so the reader stays free to stop a response at once.
+        self.inbox: Inbox[events.ClientEvent | RealtimeError] = Inbox(
+            self._handle, INBOX_LIMITS, gate=lambda: not self.closed
+        )
         self.core = Conversation(self.engine, on_idle=self._touch)
         self.core.configure(
             frames=FrameBuffer(
@@ -149,7 +162,7 @@ class RealtimeConsumer(SessionConsumer):
                 filter_threshold=DEFAULT_FRAME_FILTER_THRESHOLD,
                 on_decode_failed=self._decode_failed,
             ),
-            audio=AudioBuffer(P.MAX_INPUT_AUDIO_MS * BYTES_PER_MS, P.SAMPLE_RATE),  # the input audio buffer
+            audio=AudioBuffer(MAX_INPUT_AUDIO_MS * BYTES_PER_MS, SAMPLE_RATE),  # the input audio buffer
             history=History(0),  # the items are the history
         )
         assert self.core.audio is not None
@@ -171,7 +184,8 @@ class RealtimeConsumer(SessionConsumer):
         offered = [str(p) for p in self.scope.get("subprotocols") or []]
         await self.accept(SUBPROTOCOL if SUBPROTOCOL in offered else None)
         self._spawn(self.clock.run(), "realtime session clock")
-        await self.send_event(P.session_created(self.config))
+        self._spawn(self.inbox.run(), "realtime session inbox")
+        await self.send_event(server_events.session_created(self.config))
 
     async def disconnect(self, code: int) -> None:
         await self._shutdown()
@@ -195,13 +209,13 @@ class RealtimeConsumer(SessionConsumer):
         if kind is None:
             kind = ErrorKind.ENGINE if err.type == "server_error" else ErrorKind.CLIENT
         metrics.count_error(kind.value)
-        await self.send_event(P.error_event(err))
+        await self.send_event(error_event(err))
 
     async def fail(self, message: str, kind: ErrorKind = ErrorKind.CLIENT) -> None:
         """A fatal problem (the client stopped reading, the idle timeout): error, then close."""
         metrics.count_error(kind.value)
         err_type = "invalid_request_error" if kind in (ErrorKind.CLIENT, ErrorKind.TIMEOUT) else "server_error"
-        await self.send_event(P.error_event(RealtimeError(message, code=kind.value, type=err_type)))
+        await self.send_event(error_event(RealtimeError(message, code=kind.value, type=err_type)))
         await self._shutdown()
         await self.close()
 
@@ -214,12 +228,36 @@ class RealtimeConsumer(SessionConsumer):
             return
         self.clock.touch()
         raw: str | bytes = text_data if text_data is not None else (bytes_data or b"")
+        item: events.ClientEvent | RealtimeError
         try:
             if len(raw) > LARGE_MESSAGE:
-                event = await asyncio.to_thread(P.parse_event, raw, voices=self.voices)
+                item = await asyncio.to_thread(events.parse_event, raw, voices=self.voices)
             else:
-                event = P.parse_event(raw, voices=self.voices)
-            await self.handlers[event.type](event)
+                item = events.parse_event(raw, voices=self.voices)
+        except RealtimeError as err:
+            item = err
+        if not isinstance(item, RealtimeError) and item.type == "response.cancel":
+            await self._stop_generating()
+        await self.inbox.deliver(item, len(raw))
+
+    async def _stop_generating(self) -> None:
+        """A ``response.cancel`` overtakes the events queued before it: the running response's
+        engine request is aborted now and it emits nothing more; the cancel is then answered in
+        order (``response.done`` cancelled). Not when a ``response.create`` waits before it: that
+        one must still find this response running, as it would have."""
+        running = self.running
+        if running is None or running.finished:
+            return
+        if any(isinstance(queued, events.ResponseCreateEvent) for queued in self.inbox):
+            return
+        await self.core.interrupt()  # the turn emits nothing more; _cancel then finds it stopped
+
+    async def _handle(self, item: events.ClientEvent | RealtimeError) -> None:
+        """One event from the inbox: its handler, or its refusal (an error event, the session goes on)."""
+        try:
+            if isinstance(item, RealtimeError):
+                raise item
+            await self.handlers[item.type](item)
         except RealtimeError as err:
             await self.refuse(err)
         except Exception:  # a bug or an engine failure in one handler: report it, keep the session
@@ -228,9 +266,9 @@ class RealtimeConsumer(SessionConsumer):
             await self.refuse(err, ErrorKind.ENGINE)
 
     # -- session -----------------------------------------------------------------------------------
-    async def on_session_update(self, event: P.SessionUpdateEvent) -> None:
+    async def on_session_update(self, event: events.SessionUpdateEvent) -> None:
         try:
-            session = P.update_session(self.config, event.session, self.voices)
+            session = update_session(self.config, event.session, self.voices)
         except RealtimeError as err:
             err.event_id = event.event_id
             raise
@@ -238,25 +276,25 @@ class RealtimeConsumer(SessionConsumer):
         self.config = session
         if session.turn_detection != before:
             self._configure_vad()
-        await self.send_event(P.session_updated(session))
+        await self.send_event(server_events.session_updated(session))
 
     def _configure_vad(self) -> None:
         td = self.config.turn_detection
         if td is None:
             self.listener.listen_with(None)
             return
-        if isinstance(td, P.SemanticVad):
-            vad: VoiceActivity = SemanticVoiceActivity(self.engine, td.eagerness, sample_rate=P.SAMPLE_RATE)
+        if isinstance(td, SemanticVad):
+            vad: VoiceActivity = SemanticVoiceActivity(self.engine, td.eagerness, sample_rate=SAMPLE_RATE)
         else:
             params = VadParams(td.threshold, td.prefix_padding_ms, td.silence_duration_ms)
-            vad = VoiceActivity(self.engine, params, sample_rate=P.SAMPLE_RATE)
+            vad = VoiceActivity(self.engine, params, sample_rate=SAMPLE_RATE)
         self.listener.listen_with(vad)
         self.vad_item_id = None
 
     # -- input audio -------------------------------------------------------------------------------
-    async def on_audio_append(self, event: P.AudioAppendEvent) -> None:
+    async def on_audio_append(self, event: events.AudioAppendEvent) -> None:
         try:
-            pcm = P.decode_pcm16(event.audio)
+            pcm = decode_pcm16(event.audio)
         except RealtimeError as err:
             err.event_id = event.event_id
             raise
@@ -285,56 +323,56 @@ class RealtimeConsumer(SessionConsumer):
         if item_id is None or self.config.audio.input.transcription is None:
             return
         self._streamed[item_id] = self._streamed.get(item_id, "") + event.delta
-        await self.send_event(P.transcription_delta(item_id, event.delta))
+        await self.send_event(server_events.transcription_delta(item_id, event.delta))
 
     async def _speech_started(self, event: SpeechStarted) -> None:
         td = self.config.turn_detection
-        self.vad_item_id = P.new_id("item")
-        await self.send_event(P.speech_started(event.audio_start_ms, self.vad_item_id))
+        self.vad_item_id = new_id("item")
+        await self.send_event(server_events.speech_started(event.audio_start_ms, self.vad_item_id))
         if td is not None and td.interrupt_response and self.running is not None:
-            await self._cancel(P.cancelled("turn_detected"))
+            await self._cancel(server_events.cancelled("turn_detected"))
 
     async def _speech_stopped(self, event: SpeechStopped) -> None:
-        self.vad_item_id = self.vad_item_id or P.new_id("item")
-        await self.send_event(P.speech_stopped(event.audio_end_ms, self.vad_item_id))
+        self.vad_item_id = self.vad_item_id or new_id("item")
+        await self.send_event(server_events.speech_stopped(event.audio_end_ms, self.vad_item_id))
 
     async def _spoken(self, segment: SpeechSegment) -> None:
         """The speech that just stopped becomes a user item and, with ``create_response``, is answered."""
-        item_id = self.vad_item_id or P.new_id("item")
+        item_id = self.vad_item_id or new_id("item")
         self.vad_item_id = None
         item = await self._commit(segment.audio, item_id, event_id=None, transcript=await segment.transcript())
         if item is not None and self.config.responds:
             if self.running is not None:  # interrupt_response was off: the new turn waits for no one
-                await self._cancel(P.cancelled("turn_detected"))
-            await self._respond(P.ResponseParams(), event_id=None)
+                await self._cancel(server_events.cancelled("turn_detected"))
+            await self._respond(events.ResponseParams(), event_id=None)
 
-    async def on_audio_commit(self, event: P.AudioCommitEvent) -> None:
+    async def on_audio_commit(self, event: events.AudioCommitEvent) -> None:
         audio = self.core.audio
         assert audio is not None
         ms = audio.duration_ms
-        if ms < P.MIN_COMMIT_MS:
+        if ms < MIN_COMMIT_MS:
             raise RealtimeError(
                 f"Error committing input audio buffer: buffer too small. Expected at least "
-                f"{P.MIN_COMMIT_MS}ms of audio, but buffer only has {ms:.2f}ms of audio.",
+                f"{MIN_COMMIT_MS}ms of audio, but buffer only has {ms:.2f}ms of audio.",
                 code="input_audio_buffer_commit_empty",
                 event_id=event.event_id,
             )
-        item_id = self.vad_item_id or P.new_id("item")
+        item_id = self.vad_item_id or new_id("item")
         self.vad_item_id = None
         await self._commit(self.listener.commit(), item_id, event_id=event.event_id)
 
     async def _commit(
         self, pcm: bytes, item_id: str, event_id: str | None, transcript: Sequence[str] | None = None
-    ) -> P.Item | None:
+    ) -> items.Item | None:
         """The committed audio becomes a user item (committed, added, done); its transcript follows,
         unless it was made early (``transcript``)."""
-        item = P.Item(id=item_id, role="user", content=[{"type": "input_audio", "transcript": None}], audio=pcm)
+        item = items.Item(id=item_id, role="user", content=[{"type": "input_audio", "transcript": None}], audio=pcm)
         if not self._add_item(item, None, event_id):
             return None
         previous = self.items.previous_of(item)
-        await self.send_event(P.audio_committed(item.id, previous))
-        await self.send_event(P.item_added(item, previous))
-        await self.send_event(P.item_done(item, previous))
+        await self.send_event(server_events.audio_committed(item.id, previous))
+        await self.send_event(server_events.item_added(item, previous))
+        await self.send_event(server_events.item_done(item, previous))
         if transcript is not None:
             await self._transcribed(item, transcript)
             return item
@@ -343,16 +381,16 @@ class RealtimeConsumer(SessionConsumer):
             self._spawn(self._transcribe(item), "realtime transcription")
         return item
 
-    async def on_audio_clear(self, event: P.AudioClearEvent) -> None:
+    async def on_audio_clear(self, event: events.AudioClearEvent) -> None:
         self.listener.clear()
         self.vad_item_id = None
-        await self.send_event(P.audio_cleared())
+        await self.send_event(server_events.audio_cleared())
 
-    async def _transcribe(self, item: P.Item) -> None:
+    async def _transcribe(self, item: items.Item) -> None:
         """The item's transcript when no response transcribes it."""
-        segments = await self._transcript_of(item.audio, P.new_id("asr"))
+        segments = await self._transcript_of(item.audio, new_id("asr"))
         if segments is None:
-            await self.send_event(P.transcription_failed(item.id, "Transcription failed"))
+            await self.send_event(server_events.transcription_failed(item.id, "Transcription failed"))
         else:
             await self._transcribed(item, segments)
 
@@ -361,7 +399,7 @@ class RealtimeConsumer(SessionConsumer):
         transcription on, the streaming partials (batch priority: they wait for real-time work)."""
         if partial and self.config.audio.input.transcription is None:
             return None  # nobody reads the deltas
-        return await self._transcript_of(pcm24, P.new_id("asr"), prefix=prefix, partial=partial)
+        return await self._transcript_of(pcm24, new_id("asr"), prefix=prefix, partial=partial)
 
     async def _transcript_of(
         self, pcm24: bytes, request_id: str, *, prefix: str | None = None, partial: bool = False
@@ -371,7 +409,7 @@ class RealtimeConsumer(SessionConsumer):
         transcription = self.config.audio.input.transcription
         request: dict[str, Any] = {
             "pipeline": TRANSCRIBE_PIPELINE,
-            "audio": P.to_engine_rate(pcm24),
+            "audio": to_engine_rate(pcm24),
             "prompt": transcription.prompt if transcription is not None else None,
             "temperature": 0.0,
             "words": False,
@@ -380,6 +418,8 @@ class RealtimeConsumer(SessionConsumer):
         }
         if partial:
             request["priority"] = BATCH_PRIORITY
+        else:  # the turn's own transcript: its speaker waits for the answer
+            request["admit_budget"] = settings.ENGINE_TURN_ADMIT_BUDGET_MS / 1000.0
         texts: list[str] = []
         async with contextlib.aclosing(self.engine.stream(request, request_id)) as stream:
             async for chunk in stream:
@@ -392,10 +432,10 @@ class RealtimeConsumer(SessionConsumer):
                     return None
         return texts
 
-    async def _transcribed(self, item: P.Item, segments: Sequence[str]) -> None:
+    async def _transcribed(self, item: items.Item, segments: Sequence[str]) -> None:
         """The item's transcript; with transcription on, its deltas (one per Whisper segment), then
         ``.completed``."""
-        transcript, deltas = P.transcript_deltas(segments)
+        transcript, deltas = server_events.transcript_deltas(segments)
         streamed = self._streamed.pop(item.id, "")
         if streamed:  # streaming gave out the beginning already: the rest is one delta
             rest = transcript[len(streamed) :] if transcript.startswith(streamed) else ""
@@ -404,11 +444,11 @@ class RealtimeConsumer(SessionConsumer):
             item.content[0]["transcript"] = transcript
         if self.config.audio.input.transcription is not None:
             for delta in deltas:
-                await self.send_event(P.transcription_delta(item.id, delta))
-            await self.send_event(P.transcription_completed(item.id, transcript, P.pcm_ms(item.audio)))
+                await self.send_event(server_events.transcription_delta(item.id, delta))
+            await self.send_event(server_events.transcription_completed(item.id, transcript, pcm_ms(item.audio)))
 
     # -- items -------------------------------------------------------------------------------------
-    def _add_item(self, item: P.Item, previous_item_id: str | None, event_id: str | None) -> bool:
+    def _add_item(self, item: items.Item, previous_item_id: str | None, event_id: str | None) -> bool:
         """Place an item; items over the cap go (their audio back to the process budget)."""
         if item.audio and not process_budget.reserve(len(item.audio)):
             raise RealtimeError(
@@ -424,14 +464,14 @@ class RealtimeConsumer(SessionConsumer):
             process_budget.release(len(old.audio))
         return True
 
-    async def on_item_create(self, event: P.ItemCreateEvent) -> None:
+    async def on_item_create(self, event: events.ItemCreateEvent) -> None:
         spec = event.item
         try:
             self.items.check_placement(spec.id, event.previous_item_id)
         except RealtimeError as err:
             err.event_id = event.event_id
             raise
-        item = P.Item(id=spec.id or P.new_id("item"), role=spec.role, content=[])
+        item = items.Item(id=spec.id or new_id("item"), role=spec.role, content=[])
         audio = bytearray()
         for index, part in enumerate(spec.content):
             param = f"item.content[{index}]"
@@ -440,9 +480,9 @@ class RealtimeConsumer(SessionConsumer):
                 item.content.append({"type": "input_image", "detail": part.detail})
             elif part.type == "input_audio":
                 if part.audio:
-                    max_bytes = P.MAX_INPUT_AUDIO_MS * BYTES_PER_MS
+                    max_bytes = MAX_INPUT_AUDIO_MS * BYTES_PER_MS
                     try:
-                        audio += P.decode_pcm16(part.audio, max_bytes=max_bytes, param=f"{param}.audio")
+                        audio += decode_pcm16(part.audio, max_bytes=max_bytes, param=f"{param}.audio")
                     except RealtimeError as err:
                         err.event_id = event.event_id
                         raise
@@ -456,13 +496,13 @@ class RealtimeConsumer(SessionConsumer):
         item.audio = bytes(audio)
         self._add_item(item, event.previous_item_id, event.event_id)
         previous = self.items.previous_of(item)
-        await self.send_event(P.item_added(item, previous))
-        await self.send_event(P.item_done(item, previous))
+        await self.send_event(server_events.item_added(item, previous))
+        await self.send_event(server_events.item_done(item, previous))
         if item.audio and self.config.audio.input.transcription is not None and not item.text():
             self._spawn(self._transcribe(item), "realtime transcription")
 
-    async def _add_image(self, item: P.Item, part: P.InputImage, param: str, event_id: str | None) -> None:
-        b64 = P.image_from_data_url(part.image_url, param=param)
+    async def _add_image(self, item: items.Item, part: events.InputImage, param: str, event_id: str | None) -> None:
+        b64 = events.image_from_data_url(part.image_url, param=param)
         frames = self.core.frames
         assert frames is not None
         try:
@@ -478,46 +518,46 @@ class RealtimeConsumer(SessionConsumer):
             err = RealtimeError(f"The image of item '{item_id}' could not be decoded", code="invalid_image")
             self._spawn(self.refuse(err), "realtime decode report")
 
-    async def on_item_delete(self, event: P.ItemDeleteEvent) -> None:
+    async def on_item_delete(self, event: events.ItemDeleteEvent) -> None:
         try:
             item = self.items.delete(event.item_id)
         except RealtimeError as err:
             err.event_id = event.event_id
             raise
         process_budget.release(len(item.audio))
-        await self.send_event(P.item_deleted(item.id))
+        await self.send_event(server_events.item_deleted(item.id))
 
-    async def on_item_retrieve(self, event: P.ItemRetrieveEvent) -> None:
+    async def on_item_retrieve(self, event: events.ItemRetrieveEvent) -> None:
         try:
             item = self.items.get(event.item_id)
         except RealtimeError as err:
             err.event_id = event.event_id
             raise
-        await self.send_event(P.item_retrieved(item))
+        await self.send_event(server_events.item_retrieved(item))
 
-    async def on_item_truncate(self, event: P.ItemTruncateEvent) -> None:
+    async def on_item_truncate(self, event: events.ItemTruncateEvent) -> None:
         running = self.running
         if running is not None and running.item.id == event.item_id:
             # The client stopped playing an answer still being written: stop writing it first.
-            await self._cancel(P.cancelled("client_cancelled"))
+            await self._cancel(server_events.cancelled("client_cancelled"))
         try:
             self.items.truncate(event.item_id, event.content_index, event.audio_end_ms)
         except RealtimeError as err:
             err.event_id = event.event_id
             raise
-        await self.send_event(P.item_truncated(event.item_id, event.content_index, event.audio_end_ms))
+        await self.send_event(server_events.item_truncated(event.item_id, event.content_index, event.audio_end_ms))
 
     # -- responses ---------------------------------------------------------------------------------
-    async def on_response_create(self, event: P.ResponseCreateEvent) -> None:
-        if isinstance(self.config, P.TranscriptionSession):
+    async def on_response_create(self, event: events.ResponseCreateEvent) -> None:
+        if isinstance(self.config, TranscriptionSession):
             raise RealtimeError(
                 "A transcription session creates no responses; connect to /v1/realtime for a conversation",
                 code="invalid_event_type",
                 event_id=event.event_id,
             )
-        await self._respond(event.response or P.ResponseParams(), event.event_id)
+        await self._respond(event.response or events.ResponseParams(), event.event_id)
 
-    async def on_response_cancel(self, event: P.ResponseCancelEvent) -> None:
+    async def on_response_cancel(self, event: events.ResponseCancelEvent) -> None:
         running = self.running
         if running is None or (event.response_id is not None and event.response_id != running.response.id):
             raise RealtimeError(
@@ -526,9 +566,9 @@ class RealtimeConsumer(SessionConsumer):
                 param="response_id" if event.response_id is not None else None,
                 event_id=event.event_id,
             )
-        await self._cancel(P.cancelled("client_cancelled"))
+        await self._cancel(server_events.cancelled("client_cancelled"))
 
-    async def _respond(self, params: P.ResponseParams, event_id: str | None) -> None:
+    async def _respond(self, params: events.ResponseParams, event_id: str | None) -> None:
         if self.running is not None:
             raise RealtimeError(
                 f"Conversation already has an active response in progress: {self.running.response.id}. "
@@ -537,14 +577,14 @@ class RealtimeConsumer(SessionConsumer):
                 event_id=event_id,
             )
         session = self.config
-        assert isinstance(session, P.Session)  # a transcription session refused response.create
+        assert isinstance(session, Session)  # a transcription session refused response.create
         modalities = tuple(params.output_modalities or session.output_modalities)
         if "audio" in modalities:
             modalities = ("audio",)  # the audio's transcript is the text
         voice = (params.audio.output.voice if params.audio is not None else None) or session.audio.output.voice
         in_conversation = params.conversation == "auto"
-        response = P.Response(
-            id=P.new_id("resp"),
+        response = server_events.Response(
+            id=new_id("resp"),
             conversation_id=self.items.id if in_conversation else None,
             modalities=modalities,
             voice=voice,
@@ -552,7 +592,7 @@ class RealtimeConsumer(SessionConsumer):
         )
         kind = "output_audio" if response.audio else "output_text"
         empty = {"type": kind, "transcript": ""} if response.audio else {"type": kind, "text": ""}
-        item = P.Item(id=P.new_id("item"), role="assistant", content=[empty], status="in_progress")
+        item = items.Item(id=new_id("item"), role="assistant", content=[empty], status="in_progress")
         # The question: the latest user item that says something (an image alone asks nothing).
         question = next((i for i in reversed(self.items.items) if i.role == "user" and (i.text() or i.audio)), None)
         instructions = "\n".join(
@@ -563,7 +603,7 @@ class RealtimeConsumer(SessionConsumer):
         assert frames is not None
         text = question.text() if question is not None else ""
         spec = TurnSpec(
-            question=Question(text=text, audio=P.to_engine_rate(question.audio) if question and not text else b""),
+            question=Question(text=text, audio=to_engine_rate(question.audio) if question and not text else b""),
             frames=frames.snapshot(),
             selection=FrameSelection(NUM_FRAMES, "latest_frames"),
             history=history if question else self.items.history(),
@@ -571,22 +611,25 @@ class RealtimeConsumer(SessionConsumer):
             modalities=("text", "audio") if response.audio else ("text",),
             voice=self.voices[voice],
             require_frames=False,
+            admit_budget=settings.ENGINE_TURN_ADMIT_BUDGET_MS / 1000.0,
             request_id=response.id,
         )
         running = _Running(response=response, item=item, question=question)
         self.running = running
-        await self.send_event(P.response_created(response))
+        await self.send_event(server_events.response_created(response))
         if in_conversation:
             self._add_item(item, None, event_id)
         response.output = [item]
         previous = self.items.previous_of(item) if in_conversation else None
-        await self.send_event(P.output_item_added(response, item))
+        await self.send_event(server_events.output_item_added(response, item))
         if in_conversation:
-            await self.send_event(P.item_added(item, previous))
-        await self.send_event(P.content_part_added(response, item))
+            await self.send_event(server_events.item_added(item, previous))
+        await self.send_event(server_events.content_part_added(response, item))
         if not spec.question.text and not spec.question.audio:
             await self._finish(
-                running, "failed", P.failed("There is no question to answer: add a user item first", "no_input")
+                running,
+                "failed",
+                server_events.failed("There is no question to answer: add a user item first", "no_input"),
             )
             return
         running.turn = self.core.start_turn(spec, self._emit, stopped=lambda: self.send_stalled or self.client_gone)
@@ -603,24 +646,24 @@ class RealtimeConsumer(SessionConsumer):
         elif isinstance(event, TextDelta) and event.delta:
             running.text.append(event.delta)
             if response.audio:
-                await self.send_event(P.transcript_delta(response, item, event.delta))
+                await self.send_event(server_events.transcript_delta(response, item, event.delta))
             else:
-                await self.send_event(P.text_delta(response, item, event.delta))
+                await self.send_event(server_events.text_delta(response, item, event.delta))
                 running.clock.text_sent()
         elif isinstance(event, AudioChunk) and response.audio:
             item.words += event.words
             if event.pcm:
                 item.audio_ms += len(event.pcm) // BYTES_PER_MS
-                await self.send_event(P.audio_delta(response, item, event.pcm))
+                await self.send_event(server_events.audio_delta(response, item, event.pcm))
                 running.clock.audio_sent()
         elif isinstance(event, NoUsableFrames):
-            await self._finish(running, "failed", P.failed("No image could be decoded", "invalid_image"))
+            await self._finish(running, "failed", server_events.failed("No image could be decoded", "invalid_image"))
         elif isinstance(event, TurnEnd):
             if event.text is not None:
                 running.text = [event.text]
             if event.usage is not None:
                 u = event.usage
-                response.usage = P.usage(
+                response.usage = server_events.usage(
                     input_text=u.input_text_tokens,
                     input_audio=u.input_audio_tokens,
                     input_images=u.input_image_tokens,
@@ -630,13 +673,13 @@ class RealtimeConsumer(SessionConsumer):
             if event.ok:
                 await self._finish(running, "completed", None)
             elif event.status == "cancelled":
-                await self._finish(running, "cancelled", P.cancelled("client_cancelled"))
+                await self._finish(running, "cancelled", server_events.cancelled("client_cancelled"))
             else:
                 message = event.message or "The response failed"
                 code = event.kind.value if event.kind is not None else "server_error"
                 if event.kind in REFUSED:  # the engine did not take it: say so as an error too
                     await self.refuse(RealtimeError(message, code=code, type="server_error"), event.kind)
-                await self._finish(running, "failed", P.failed(message, code))
+                await self._finish(running, "failed", server_events.failed(message, code))
 
     async def _cancel(self, details: dict[str, Any]) -> None:
         """Stop the running response at once (the engine request is aborted), then close it."""
@@ -661,23 +704,25 @@ class RealtimeConsumer(SessionConsumer):
         if response.audio:
             item.content[0] = {"type": "output_audio", "transcript": text}
             if item.audio_ms:
-                await self.send_event(P.audio_done(response, item))
-            await self.send_event(P.transcript_done(response, item, text))
+                await self.send_event(server_events.audio_done(response, item))
+            await self.send_event(server_events.transcript_done(response, item, text))
         else:
             item.content[0] = {"type": "output_text", "text": text}
-            await self.send_event(P.text_done(response, item, text))
-        await self.send_event(P.content_part_done(response, item, text))
-        await self.send_event(P.output_item_done(response, item))
+            await self.send_event(server_events.text_done(response, item, text))
+        await self.send_event(server_events.content_part_done(response, item, text))
+        await self.send_event(server_events.output_item_done(response, item))
         if response.conversation_id is not None and self.items.find(item.id) is item:
-            await self.send_event(P.item_done(item, self.items.previous_of(item)))
+            await self.send_event(server_events.item_done(item, self.items.previous_of(item)))
         response.status, response.status_details = status, details
         if response.usage is None:
-            response.usage = P.usage(output_text=P.text_tokens(text), output_audio=P.audio_tokens(item.audio_ms))
+            response.usage = server_events.usage(
+                output_text=server_events.text_tokens(text), output_audio=server_events.audio_tokens(item.audio_ms)
+            )
         if status in ("completed", "failed"):
             running.clock.ended(ok=status == "completed")
         if status == "failed":
             metrics.count_error(ErrorKind.ENGINE.value)
-        await self.send_event(P.response_done(response))
+        await self.send_event(server_events.response_done(response))
         self._touch()
 
     # -- shutdown ----------------------------------------------------------------------------------
@@ -686,6 +731,7 @@ class RealtimeConsumer(SessionConsumer):
             return
         self.closed = True
         self.running = None
+        self.inbox.clear()  # a reader waiting for room goes on (and its event is dropped)
         self.listener.close()
         await self.core.close()
         current = asyncio.current_task()

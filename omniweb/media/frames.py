@@ -1,7 +1,7 @@
 """Video frames: strict base64, header checks, decoding, thumbnails, the similarity filter, sampling.
 
 Pure functions over bytes and numpy arrays (no sockets, no event loop); the consumer runs the
-costly ones (``prepare_frame``, ``verify_decodes``) on the decode pool (video/decoding.py), the
+costly ones (``prepare_frame``, ``verify_decodes``) on the decode pool (omniweb/media/decoding.py), the
 engine ``decode_picture`` for the frames it samples.
 
 Each frame is decoded once on the transport side, at a reduced scale: for the filter's thumbnail
@@ -39,6 +39,9 @@ import cv2
 import numpy as np
 
 THUMB_WIDTH, THUMB_HEIGHT = 64, 48  # the filter's thumbnail: 3072 pixels, enough to see a hand move
+# The similarity filter's default; see above for what it means in pixels and why it is not the
+# seed's 0.95 (which keeps only cuts to another scene).
+DEFAULT_FRAME_FILTER_THRESHOLD = 0.9996
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 JPEG_SOI = b"\xff\xd8\xff"
 # JPEG start-of-frame markers (baseline, progressive, lossless, arithmetic); not DHT/JPG/DAC.
