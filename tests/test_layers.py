@@ -32,8 +32,6 @@ KNOWN_DEFERRED_CYCLES = {
     # metrics.local_worker reads the embedded engine (runtime) for /metrics and /healthz, while the
     # runtime reports batches through metrics.observe_batch.
     ("omniweb.engine.runtime", "omniweb.metrics"),
-    # UpstreamThinker falls back on the scene thinker; thinkers builds UpstreamThinker (being untangled).
-    ("video.engine.thinkers", "video.engine.upstream"),
 }
 
 

@@ -11,7 +11,7 @@ import pytest
 from support.photos import photo, sign
 from support.pictures import H, W, camera_like, canvas, jpeg, square_frames
 
-from video.engine import answers, scene
+from video.engine import answers, phrasing, scene
 from video.engine.perception import Observations
 from video.engine.perception.types import Body, Expression, Face, Hand, MainObject, TextLine
 from video.engine.thinkers import Frame, SceneThinker, Turn
@@ -131,7 +131,7 @@ def test_a_bright_green_frame_is_not_dimly_lit():
     # Pure green at full strength has a mean luma near 60 %; the light is judged by the brightest channel.
     for bgr in ((0, 160, 0), (0, 255, 0), (200, 0, 0), (0, 0, 230)):
         measured = scene.analyse([jpeg(camera_like(canvas(bgr)))]).now
-        assert answers.light_word(measured.brightness) in ("well lit", "very bright"), bgr
+        assert phrasing.light_word(measured.brightness) in ("well lit", "very bright"), bgr
 
 
 def test_a_small_red_ball_is_located():
@@ -265,9 +265,9 @@ def test_people_wording(n, body):
     elif n == 0:
         assert first.startswith("Yes, I can see one person in the centre, with their face turned away")
     elif body:
-        assert first.startswith(f"Yes, I can see {answers.count(n, 'person')}")
+        assert first.startswith(f"Yes, I can see {phrasing.count(n, 'person')}")
     else:
-        assert first.startswith(f"Yes, I can see {answers.count(n, 'face')}")  # a face alone is not a person
+        assert first.startswith(f"Yes, I can see {phrasing.count(n, 'face')}")  # a face alone is not a person
 
 
 @pytest.mark.parametrize("before", range(4))
@@ -282,9 +282,9 @@ def test_change_in_people_wording(before, now):
         start = (
             "No one was"
             if before == 0
-            else f"There {'was' if before == 1 else 'were'} {answers.count(before, 'person')}"
+            else f"There {'was' if before == 1 else 'were'} {phrasing.count(before, 'person')}"
         )
-        assert told == [f"{start} in the first frame; now I see {answers.count(now, 'person')}."]
+        assert told == [f"{start} in the first frame; now I see {phrasing.count(now, 'person')}."]
 
 
 @pytest.mark.parametrize("faces", range(5))
@@ -304,12 +304,12 @@ def test_smile_wording(faces):
 
 
 def test_smile_counts():
-    assert answers.smile_count(0, 2) == "Neither face is smiling"
-    assert answers.smile_count(1, 2) == "One of the two faces is smiling"
-    assert answers.smile_count(2, 2) == "Both faces are smiling"
-    assert answers.smile_count(0, 3) == "None of the faces is smiling"
-    assert answers.smile_count(2, 3) == "Two of the three faces are smiling"
-    assert answers.smile_count(3, 3) == "All three faces are smiling"
+    assert phrasing.smile_count(0, 2) == "Neither face is smiling"
+    assert phrasing.smile_count(1, 2) == "One of the two faces is smiling"
+    assert phrasing.smile_count(2, 2) == "Both faces are smiling"
+    assert phrasing.smile_count(0, 3) == "None of the faces is smiling"
+    assert phrasing.smile_count(2, 3) == "Two of the three faces are smiling"
+    assert phrasing.smile_count(3, 3) == "All three faces are smiling"
 
 
 def _a_hand(fingers: int, gesture: str | None = None, raised: bool | None = None) -> Hand:
@@ -337,7 +337,7 @@ def test_hand_wording(fingers):
         "How many fingers am I holding up?", stats(1, True, (_a_hand(fingers, gesture), _a_hand(2, "victory")))
     )
     assert two[0] == "I can see two hands."
-    assert two[-1] == f"That's {answers.count(fingers + 2, 'finger')} up in all."
+    assert two[-1] == f"That's {phrasing.count(fingers + 2, 'finger')} up in all."
 
 
 @pytest.mark.parametrize("lines", [0, 1, 2, 8, 9, 12])
@@ -350,8 +350,8 @@ def test_reading_wording(lines):
     elif lines == 1:
         assert out == ['It says "Line 0", in the middle of the picture.']
     else:
-        assert out[0].startswith(f"I can read {answers.number(lines)} lines")
-        assert out[0].count('"') == 2 * min(lines, answers.MAX_LINES)
+        assert out[0].startswith(f"I can read {phrasing.number(lines)} lines")
+        assert out[0].count('"') == 2 * min(lines, phrasing.MAX_LINES)
 
 
 @pytest.mark.parametrize("confidence", [None, 0.3, 0.49, 0.5, 0.9])
@@ -363,7 +363,7 @@ def test_object_wording(confidence, faces):
     first = compose("What is this?", stats(faces, faces > 0, main=main))[0]
     if confidence is None:
         assert first.startswith("I can see" if faces else "I can't tell what the main thing in the picture is")
-    elif confidence >= answers.CONFIDENT:
+    elif confidence >= phrasing.CONFIDENT:
         assert first == "It looks like a cat."
     else:
         assert first == "It might be a cat, but I'm not sure."
@@ -379,7 +379,7 @@ def test_object_wording(confidence, faces):
     ],
 )
 def test_light_wording(brightness, word):
-    assert answers.light_word(brightness) == word
+    assert phrasing.light_word(brightness) == word
     for question in ("Is it dark?", "Is it bright?", "How is the light?", "What do you see?"):
         well_formed(compose(question, stats(brightness=brightness)))
 
@@ -392,12 +392,12 @@ def test_light_wording(brightness, word):
     ],
 )
 def test_distance_wording(m, words):
-    assert answers.metres(m) == words
+    assert phrasing.metres(m) == words
 
 
 def test_counts():
-    assert [answers.count(n, "person") for n in (0, 1, 2, 11)] == ["no one", "one person", "two people", "11 people"]
-    assert [answers.count(n, "face") for n in (0, 1, 2)] == ["no faces", "one face", "two faces"]
+    assert [phrasing.count(n, "person") for n in (0, 1, 2, 11)] == ["no one", "one person", "two people", "11 people"]
+    assert [phrasing.count(n, "face") for n in (0, 1, 2)] == ["no faces", "one face", "two faces"]
 
 
 def test_describe_puts_people_first_and_stays_short():
@@ -482,3 +482,11 @@ def test_what_is_the_red_thing_combines_the_colour_with_the_other_observations()
     assert compose("Where is the red thing?", with_red(faces=1, body=True))[0].endswith(
         "below the face, so probably the person's clothes."
     )
+
+
+def test_every_intent_is_declared_once_with_its_phrasing():
+    """answers.INTENTS is the one table of intents: each has one entry (a composer, its models)."""
+    declared = [spec.intent for spec in answers.INTENTS]
+    assert sorted(declared, key=lambda i: i.value) == sorted(answers.Intent, key=lambda i: i.value)
+    assert len(declared) == len(set(declared))
+    assert [intent for intent, _ in answers.RULES][:2] == [answers.Intent.READ, answers.Intent.IDENTITY]

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from omniweb.asr.pipeline import Recognition, Recognizer, shared_recognizer
 from omniweb.asr.whisper import Options as AsrOptions
@@ -42,7 +43,8 @@ from speech.tts.loops import TEXT_IN, TEXT_IN_DONE, TalkerLoop, VocoderLoop, val
 from speech.tts.model import HibariTalker
 
 from .sentences import SentenceStream
-from .thinkers import Frame, Thinker, ThinkerError, ThinkerRun, Turn, WaitableRun, make_thinker
+from .thinkers import Frame, SceneThinker, Thinker, ThinkerError, ThinkerRun, Turn, WaitableRun
+from .upstream import UpstreamThinker
 
 PIPELINE = "video.turn"
 MODALITIES = ("text", "audio")
@@ -257,3 +259,13 @@ class VideoTurnPipeline:
             # The scheduler spreads these fields over its {"status": "ok"} end chunk.
             out.update(status="error", kind=ErrorKind.UPSTREAM.value, message=thought["error"])
         return out
+
+
+def make_thinker() -> Thinker:
+    """The thinker ``OMNIWEB_VIDEO_THINKER`` names; a bad configuration is a start-up error."""
+    kind = settings.VIDEO_THINKER.strip().lower()
+    if kind == "scene":
+        return SceneThinker()
+    if kind == "upstream":
+        return UpstreamThinker.from_settings()
+    raise ImproperlyConfigured(f"OMNIWEB_VIDEO_THINKER must be 'scene' or 'upstream', not {settings.VIDEO_THINKER!r}")

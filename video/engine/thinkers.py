@@ -14,9 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
-
 from . import answers, perception, scene
 
 WORDS_PER_DELTA = 4  # the scene thinker streams each sentence in deltas of a few words
@@ -134,15 +131,3 @@ class SceneRun:
 
     def close(self) -> None:
         self._sentences = deque()
-
-
-def make_thinker() -> Thinker:
-    """The thinker ``OMNIWEB_VIDEO_THINKER`` names; a bad configuration is a start-up error."""
-    kind = settings.VIDEO_THINKER.strip().lower()
-    if kind == "scene":
-        return SceneThinker()
-    if kind == "upstream":
-        from .upstream import UpstreamThinker
-
-        return UpstreamThinker.from_settings()
-    raise ImproperlyConfigured(f"OMNIWEB_VIDEO_THINKER must be 'scene' or 'upstream', not {settings.VIDEO_THINKER!r}")
