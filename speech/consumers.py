@@ -8,8 +8,9 @@ as the session's turn, so the reader keeps listening: ``input.cancel`` (and disc
 closing) stop it through the core's one interrupt, between two engine steps (an urgent message of
 the session's inbox, overtaking what is queued), and any other message that arrives after the flush
 waits in the inbox, in order, and is handled once the utterance is done. What is
-wire-specific stays here: WAV or PCM or timestamped chunks, codec framing, the reference's message
-order, how the engine's sentences map onto the client's.
+wire-specific is one utterance's writer (``speech/utterances.py``): WAV or PCM or timestamped
+chunks, codec framing, the reference's message order, how the engine's sentences map onto the
+client's.
 
 The shape of an utterance on the wire follows ``split_granularity``. ``none`` (the default, as the
 reference) makes the flush one sentence: one ``audio.start``, the audio, one ``audio.done``, while
@@ -25,44 +26,35 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from django.conf import settings
 
-from omniweb import budget, metrics  # metrics: ops instrumentation (time to first audio)
+from omniweb import budget  # metrics: ops instrumentation (time to first audio)
 from omniweb.conversation import (
-    AudioChunk,
-    CodecCodes,
     Conversation,
     ConversationState,
-    EngineChunk,
     Inbox,
     InboxFull,
     InboxLimits,
-    SentenceEnd,
-    SentenceStart,
     SpeechTurn,
-    TurnEnd,
-    TurnEvent,
 )
 from omniweb.conversation.clock import SessionClock
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
-from omniweb.errors import RETRYABLE, ErrorKind
+from omniweb.errors import ErrorKind
 from omniweb.protocol import excerpt
 from omniweb.sessions import SessionConsumer
 from omniweb.tasks import spawn
 
 from . import protocol
-from .codec import wire
 from .codec.loops import CODEC_PIPELINE, shared_codec
 from .codec.model import CodecTableError
 from .protocol import ProtocolError, SessionConfig
 from .text import split_text
-from .tts.loops import FRAME_SECONDS, PIPELINE
+from .tts.loops import PIPELINE
 from .tts.model import capabilities
+from .utterances import Utterance
 
 logger = logging.getLogger(__name__)
 
@@ -81,40 +73,6 @@ HELD_LIMITS = InboxLimits(
 SessionState = ConversationState
 
 
-@dataclass
-class _Sentence:
-    index: int
-    text: str
-    sent_bytes: int = 0
-    chunk_id: int = 0
-    buffer: list[bytes] = field(default_factory=list)
-    pcm_bytes: int = 0  # PCM through this wire sentence so far, streamed or buffered for its file
-    # split_granularity none: word timings of the engine sentences so far, on the flush's timeline
-    timestamps: list[dict[str, Any]] = field(default_factory=list)
-    part_start: int = 0  # pcm_bytes where the engine sentence now playing began
-    # codec_tokens mode: packets sent (the next seq), frames sent, and whether the EOS packet went out
-    seq: int = 0
-    frames: int = 0
-    eos_sent: bool = False
-
-
-@dataclass(eq=False)
-class _Utterance:
-    """What the wire has said of one utterance (the core's ``SpeechTurn`` speaks it)."""
-
-    index: int
-    text: str  # the text so far (the flushed text for split_granularity none)
-    merge: bool  # split_granularity none: the engine's sentences are one sentence on the wire
-    speech: SpeechTurn
-    current: _Sentence | None = None
-    sentences: int = 0  # audio.done (codec.done) messages sent
-    codec: dict[str, Any] | None = None  # codec_tokens mode: the codec's description for codec.start
-    ttfa: metrics.FirstAudioClock = field(default_factory=metrics.FirstAudioClock)  # ops: input.done → audio
-    refused: str | None = None  # why the process budget refused the audio of a file (omniweb/budget.py)
-    cancelling: bool = False
-    over: bool = False  # its session.done went out
-
-
 class SpeechStreamConsumer(SessionConsumer):
     async def connect(self) -> None:
         self.conversation: Conversation | None = None
@@ -122,7 +80,7 @@ class SpeechStreamConsumer(SessionConsumer):
         self.text_parts: list[str] = []
         self.text_chars = 0
         self.utterance_index = 0
-        self.utterance: _Utterance | None = None
+        self.utterance: Utterance | None = None
         # The reader handles a message itself while nothing is held; after the flush (ANSWERING)
         # messages wait here and the processor handles them once the utterance is over.
         self.inbox: Inbox[tuple[str | None, bytes | None]] = Inbox(
@@ -364,11 +322,20 @@ class SpeechStreamConsumer(SessionConsumer):
             max_ahead_seconds=0.0 if config.priority == "batch" else settings.ENGINE_MAX_AHEAD_SECONDS,
             on_activity=self._touch,  # the idle clock pauses while audio is made
         )
-        utt = _Utterance(index=self.utterance_index, text=" ".join(pieces), merge=merge, speech=speech, codec=codec)
+        utt = Utterance(
+            send=self._send_wire,
+            hold_file_audio=lambda held: self.budget_share.hold("file audio", held),  # all sessions together
+            config=config,
+            index=self.utterance_index,
+            text=" ".join(pieces),
+            merge=merge,
+            speech=speech,
+            codec=codec,
+        )
         self.utterance = utt
         self.conversation.start_turn(
             speech,
-            lambda turn, event: self._emit(utt, config, event),
+            lambda turn, event: utt.emit(event),
             stopped=lambda: utt.over or self.send_stalled or self.client_gone,  # leaving aborts the request
             ended=lambda turn: self._utterance_over(utt),
             input_open=not input_done,
@@ -414,19 +381,10 @@ class SpeechStreamConsumer(SessionConsumer):
         utt.cancelling = True
         await self.conversation.interrupt()
         if not utt.over and self.config is not None and self.state is not SessionState.CLOSED:
-            await self._end_utterance(utt, self.config, cancelled=True)
+            await utt.end(cancelled=True)
         await self._utterance_over(utt)
 
-    async def _emit(self, utt: _Utterance, config: SessionConfig, event: TurnEvent) -> None:
-        """One typed event of the utterance → the wire."""
-        if isinstance(event, TurnEnd):
-            await self._on_end(utt, config, event)
-            return
-        await self._on_chunk(utt, config, event)
-        if utt.refused is not None:  # the core stops the turn (stopped()), which aborts the request
-            await self._end_utterance(utt, config, failed=True, kind=ErrorKind.CAPACITY, reason=utt.refused)
-
-    async def _utterance_over(self, utt: _Utterance) -> None:
+    async def _utterance_over(self, utt: Utterance) -> None:
         """After the utterance, however it ended: the next one, and the messages held meanwhile."""
         if self.utterance is not utt:
             return
@@ -443,204 +401,12 @@ class SpeechStreamConsumer(SessionConsumer):
         self.clock.touch()  # the idle clock restarts when the utterance ends
         self.inbox.reopen()  # the messages held meanwhile, in order
 
-    async def _on_end(self, utt: _Utterance, config: SessionConfig, end: TurnEnd) -> None:
-        status = end.status
-        kind = end.kind or ErrorKind.ENGINE
-        if status == "ok":  # every piece is spoken
-            if utt.current is not None:  # split_granularity none: the flush's one sentence
-                await self._close_sentence(utt, utt.current, config)
-            await self.send_json(protocol.session_done(utt.index, utt.sentences))
-            utt.over = True
-        elif status in ("busy", "unavailable") and utt.sentences == 0 and utt.current is None:
-            # nothing was generated: the client may retry
-            await self.send_json(protocol.error(end.message or "", kind=kind))
-            await self.send_json(protocol.session_done(utt.index, 0))
-            utt.over = True
-        elif status in ("busy", "unavailable"):  # a later request of an utterance that already spoke
-            await self.send_json(protocol.error(end.message or "", kind=kind))
-            await self._end_utterance(utt, config, failed=True, kind=kind)
+    async def _send_wire(self, payload: dict[str, Any] | bytes) -> None:
+        """The utterance's way out: a JSON message, or a binary frame (audio, a file, a codec packet)."""
+        if isinstance(payload, bytes):
+            await self.send(bytes_data=payload)
         else:
-            logger.warning("utterance %d ended with %s (%s): %s", utt.index, status, end.kind, end.message)
-            retry = end.message if kind in RETRYABLE else None  # an engine outage says so, and to retry
-            await self._end_utterance(utt, config, failed=True, kind=kind, reason=retry)
-
-    async def _on_chunk(self, utt: _Utterance, config: SessionConfig, chunk: EngineChunk) -> None:
-        if utt.codec is not None:
-            await self._on_codec_chunk(utt, utt.codec, config, chunk)
-        elif isinstance(chunk, SentenceStart):
-            if utt.merge and utt.current is not None:  # the next engine sentence continues the flush
-                utt.current.part_start = utt.current.pcm_bytes
-                return
-            utt.current = _Sentence(index=utt.sentences, text=utt.text if utt.merge else chunk.text)
-            await self.send_json(protocol.audio_start(config, utt.index, utt.current.index, utt.current.text))
-        elif isinstance(chunk, AudioChunk) and utt.current is not None:
-            await self._on_audio(utt, utt.current, config, chunk.pcm)
-        elif isinstance(chunk, SentenceEnd) and utt.current is not None:
-            sentence = utt.current
-            offset = protocol.samples_to_ms(sentence.part_start)
-            for word in chunk.words:
-                sentence.timestamps.append(
-                    {"word": word.word, "start_ms": word.start_ms + offset, "end_ms": word.end_ms + offset}
-                )
-            if not utt.merge:
-                await self._close_sentence(utt, sentence, config)
-
-    async def _close_sentence(self, utt: _Utterance, sentence: _Sentence, config: SessionConfig) -> None:
-        """The sentence's file (file mode) or final timestamps chunk, then its audio.done."""
-        if not config.stream_audio:
-            blob = await asyncio.to_thread(protocol.encode_audio, b"".join(sentence.buffer), config.response_format)
-            sentence.buffer.clear()
-            self.budget_share.hold("file audio", 0)
-            sentence.sent_bytes = len(blob)
-            await self.send(bytes_data=blob)
-            utt.ttfa.audio_sent(stream=False)  # ops
-            utt.speech.played(sentence.pcm_bytes / protocol.BYTES_PER_SAMPLE / protocol.SAMPLE_RATE)
-        elif config.word_timestamps:
-            final = protocol.audio_chunk(utt.index, sentence.index, sentence.chunk_id, b"", 0, sentence.timestamps)
-            final["chunk_end_ms"] = protocol.samples_to_ms(sentence.sent_bytes)
-            await self.send_json(final)
-        await self.send_json(protocol.audio_done(utt.index, sentence.index, sentence.sent_bytes))
-        utt.sentences += 1
-        utt.current = None
-
-    async def _on_audio(self, utt: _Utterance, sentence: _Sentence, config: SessionConfig, pcm: bytes) -> None:
-        sentence.pcm_bytes += len(pcm)
-        if not config.stream_audio:
-            if not self.budget_share.hold("file audio", sentence.pcm_bytes):  # all sessions together
-                utt.refused = budget.AUDIO_FULL_MESSAGE
-                return
-            sentence.buffer.append(pcm)
-            return
-        utt.speech.played(len(pcm) / protocol.BYTES_PER_SAMPLE / protocol.SAMPLE_RATE)
-        if config.word_timestamps:
-            await self.send_json(
-                protocol.audio_chunk(utt.index, sentence.index, sentence.chunk_id, pcm, sentence.sent_bytes, None)
-            )
-            sentence.chunk_id += 1
-        else:
-            await self.send(bytes_data=pcm)
-        sentence.sent_bytes += len(pcm)
-        utt.ttfa.audio_sent(stream=True)  # ops
-
-    async def _on_codec_chunk(
-        self, utt: _Utterance, codec: dict[str, Any], config: SessionConfig, chunk: EngineChunk
-    ) -> None:
-        """codec_tokens mode: codec.start, one binary packet per engine packet, codec.done."""
-        if isinstance(chunk, SentenceStart):
-            utt.current = _Sentence(index=utt.sentences, text=chunk.text)
-            await self.send_json(self._codec_start(utt, codec, config, utt.current))
-        elif isinstance(chunk, CodecCodes) and utt.current is not None:
-            sentence = utt.current
-            last = chunk.last
-            rows = np.frombuffer(chunk.codes, dtype="<i2").reshape(-1, codec["codebooks"])
-            packet = wire.pack_codec_frame(
-                sentence.seq,
-                rows,
-                eos=last,  # the stream's last packet: the client flushes its decoder
-                segment_end=last and chunk.more,  # a sentence boundary inside the flush
-                codebooks=codec["codebooks"],
-                codebook_size=codec["codebook_size"],
-            )
-            await self.send(bytes_data=packet)
-            sentence.seq += 1
-            sentence.frames += rows.shape[0]
-            sentence.eos_sent = last
-            utt.ttfa.audio_sent(stream=True)  # ops
-            utt.speech.played(rows.shape[0] * FRAME_SECONDS)
-        elif isinstance(chunk, SentenceEnd) and utt.current is not None:
-            sentence = utt.current
-            await self.send_json(protocol.codec_done(utt.index, sentence.index, sentence.frames, sentence.seq - 1))
-            utt.sentences += 1
-            utt.current = None
-
-    @staticmethod
-    def _codec_start(
-        utt: _Utterance, codec: dict[str, Any], config: SessionConfig, sentence: _Sentence
-    ) -> dict[str, Any]:
-        return wire.codec_start_message(
-            utterance_index=utt.index,
-            sentence_index=sentence.index,
-            sentence_text=sentence.text,
-            spec=codec,
-            model=config.model,
-        )
-
-    async def _end_codec_utterance(
-        self,
-        utt: _Utterance,
-        codec: dict[str, Any],
-        config: SessionConfig,
-        *,
-        failed: bool,
-        cancelled: bool,
-        kind: ErrorKind = ErrorKind.ENGINE,
-    ) -> None:
-        """As ``_end_utterance`` for codec streams: a stream that did not fail ends with an EOS
-        packet (an empty one when its last packet had not gone out), then codec.done."""
-        sentence = utt.current
-        if sentence is None:
-            sentence = _Sentence(index=utt.sentences, text="")
-            await self.send_json(self._codec_start(utt, codec, config, sentence))
-        if failed:
-            await self.send_json(
-                protocol.error(
-                    f"Codec stream failed for utterance {utt.index}, sentence {sentence.index}",
-                    partial_audio=sentence.frames > 0,
-                    kind=kind,
-                )
-            )
-        elif not sentence.eos_sent:
-            terminal = wire.pack_codec_frame(sentence.seq, None, eos=True, codebooks=codec["codebooks"])
-            await self.send(bytes_data=terminal)
-            sentence.seq += 1
-        await self.send_json(
-            protocol.codec_done(
-                utt.index, sentence.index, sentence.frames, sentence.seq - 1, error=failed, cancelled=cancelled
-            )
-        )
-        utt.sentences += 1
-        utt.current = None
-        await self.send_json(protocol.session_done(utt.index, utt.sentences))
-        utt.over = True
-
-    async def _end_utterance(
-        self,
-        utt: _Utterance,
-        config: SessionConfig,
-        *,
-        failed: bool = False,
-        cancelled: bool = False,
-        kind: ErrorKind = ErrorKind.ENGINE,
-        reason: str | None = None,
-    ) -> None:
-        """Close the open sentence with audio.done, then the utterance.
-
-        Between sentences an empty sentence is opened and closed, so the client always gets its
-        ``audio.done`` with ``error``/``cancelled`` and every ``audio.done`` has its ``audio.start``.
-        """
-        if utt.codec is not None:
-            await self._end_codec_utterance(utt, utt.codec, config, failed=failed, cancelled=cancelled, kind=kind)
-            return
-        sentence = utt.current
-        if sentence is None:
-            sentence = _Sentence(index=utt.sentences, text=utt.text if utt.merge else "")
-            await self.send_json(protocol.audio_start(config, utt.index, sentence.index, sentence.text))
-        if failed:
-            await self.send_json(
-                protocol.error(
-                    f"Generation failed for utterance {utt.index}, sentence {sentence.index}"
-                    + (f": {reason}" if reason else ""),  # an engine outage says so, and to retry
-                    partial_audio=sentence.sent_bytes > 0,
-                    kind=kind,
-                )
-            )
-        await self.send_json(
-            protocol.audio_done(utt.index, sentence.index, sentence.sent_bytes, error=failed, cancelled=cancelled)
-        )
-        utt.sentences += 1
-        utt.current = None
-        await self.send_json(protocol.session_done(utt.index, utt.sentences))
-        utt.over = True
+            await self.send_json(payload)
 
     # -- errors and timeouts -----------------------------------------------------------------------
     async def fail(self, message: str, kind: ErrorKind = ErrorKind.CLIENT) -> None:
