@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openai.types.realtime import RealtimeServerEvent
-from pydantic import TypeAdapter
+from support.realtime import sdk_parses
 
 from omniweb.conversation.chunks import WordTiming
 from omniweb.openai_api.protocol import OPENAI_VOICES
@@ -29,7 +28,6 @@ from omniweb.openai_api.realtime.session import (
 )
 
 VOICES = {**dict.fromkeys(OPENAI_VOICES, "heart"), "heart": "heart"}
-SERVER_EVENT = TypeAdapter(RealtimeServerEvent)
 
 
 def parse(event: dict[str, Any] | str) -> Any:
@@ -50,14 +48,6 @@ def update_refused(session: AnySession, **fields: Any) -> RealtimeError:
     with pytest.raises(RealtimeError) as info:
         update(session, **fields)
     return info.value
-
-
-def sdk_parses(payload: dict[str, Any]) -> Any:
-    """What the official SDK makes of a server event: its own GA type, field for field."""
-    parsed = SERVER_EVENT.validate_python(payload)
-    assert parsed.type == payload["type"]
-    assert json.loads(json.dumps(payload)) == payload  # plain JSON values only
-    return parsed
 
 
 # -- the session -------------------------------------------------------------------------------------

@@ -19,10 +19,12 @@ What the parts are for:
   transcribes the speech early, at a silence inside it, so the question is usually transcribed by
   the time the turn is certain; ``input_audio_buffer.commit`` / ``.clear`` are its ``commit`` / ``clear``.
 - A response is one core turn (``omniweb.conversation``): the video thinker → talker → vocoder on the
-  engine, whose typed chunks become ``response.*`` events. The question is the last user item: its
+  engine, whose typed chunks become ``response.*`` events (``responses.ResponseStream`` writes one
+  response's wire: its opening, deltas and closing events). The question is the last user item: its
   text, or its audio (the engine's Whisper transcribes it first, which is also the item's
-  ``input_audio_transcription``). The talker's word timings are kept with the assistant item, so
-  ``conversation.item.truncate`` cuts its transcript to exactly the words heard.
+  ``input_audio_transcription``; ``transcripts.InputTranscripts`` writes a transcript's events). The
+  talker's word timings are kept with the assistant item, so ``conversation.item.truncate`` cuts its
+  transcript to exactly the words heard.
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ from omniweb.asr.pipeline import PIPELINE as TRANSCRIBE_PIPELINE
 from omniweb.conversation import (
     ActiveTurn,
     AudioBuffer,
-    AudioChunk,
     AudioRefused,
     BufferedFrame,
     Conversation,
@@ -58,7 +59,6 @@ from omniweb.conversation import (
     NoUsableFrames,
     Question,
     SpeechSegment,
-    TextDelta,
     Transcript,
     TurnEnd,
     TurnEvent,
@@ -80,14 +80,13 @@ from omniweb.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, Vad
 from speech.tts.model import capabilities
 
 from . import events, items, server_events
-from .audio import MAX_INPUT_AUDIO_MS, MIN_COMMIT_MS, SAMPLE_RATE, decode_pcm16, pcm_ms, to_engine_rate
+from .audio import MAX_INPUT_AUDIO_MS, MIN_COMMIT_MS, SAMPLE_RATE, decode_pcm16, to_engine_rate
 from .errors import RealtimeError, error_event, new_id
+from .responses import ResponseStream, Status
 from .session import DEFAULT_MODEL, AnySession, SemanticVad, Session, TranscriptionSession, new_session, update_session
+from .transcripts import InputTranscripts
 
 logger = logging.getLogger(__name__)
-# Kinds of a response the engine refused outright (overloaded, still loading, its models broken):
-# besides the failed ``response.done``, the client gets an ``error`` event saying so.
-REFUSED = frozenset({ErrorKind.CAPACITY, ErrorKind.STARTING, ErrorKind.UNAVAILABLE})
 
 ENDPOINT = "/v1/realtime"
 SUBPROTOCOL = "realtime"  # what OpenAI's browser clients offer next to openai-insecure-api-key.<token>
@@ -103,15 +102,12 @@ INBOX_LIMITS = InboxLimits(max_messages=256, max_bytes=64 * 1024 * 1024, wait=Tr
 
 @dataclass(eq=False)
 class _Running:
-    """The response in flight and what its events need."""
+    """The response in flight: its wire (``stream``), its core turn and its latency clock."""
 
-    response: server_events.Response
-    item: items.Item  # the assistant item being written
-    question: items.Item | None  # the user item it answers
+    stream: ResponseStream
     turn: ActiveTurn | None = None
-    text: list[str] = field(default_factory=list)
     clock: metrics.TurnClock = field(default_factory=metrics.TurnClock)
-    finished: bool = False
+    finished: bool = False  # it emits nothing more
 
 
 class RealtimeConsumer(SessionConsumer):
@@ -130,7 +126,7 @@ class RealtimeConsumer(SessionConsumer):
         self.config: AnySession = new_session(self.voices, model=model, intent=intent)
         self.items = items.Conversation(MAX_ITEMS)
         self.vad_item_id: str | None = None  # the item id announced with speech_started
-        self._streamed: dict[str, str] = {}  # item id → the transcript deltas streaming sent for it
+        self.transcripts = InputTranscripts()  # the input audio transcription's deltas per item
         self.running: _Running | None = None
         self.tasks: list[asyncio.Task[Any]] = []
         self.handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
@@ -204,6 +200,10 @@ class RealtimeConsumer(SessionConsumer):
     async def send_event(self, payload: dict[str, Any]) -> None:
         if not self.closed:
             await self.send(text_data=dumps(payload))
+
+    async def _send_all(self, payloads: Sequence[dict[str, Any]]) -> None:
+        for payload in payloads:
+            await self.send_event(payload)
 
     async def refuse(self, err: RealtimeError, kind: ErrorKind | None = None) -> None:
         if kind is None:
@@ -322,8 +322,7 @@ class RealtimeConsumer(SessionConsumer):
         item_id = self.vad_item_id
         if item_id is None or self.config.audio.input.transcription is None:
             return
-        self._streamed[item_id] = self._streamed.get(item_id, "") + event.delta
-        await self.send_event(server_events.transcription_delta(item_id, event.delta))
+        await self._send_all(self.transcripts.heard(item_id, event.delta))
 
     async def _speech_started(self, event: SpeechStarted) -> None:
         td = self.config.turn_detection
@@ -435,17 +434,8 @@ class RealtimeConsumer(SessionConsumer):
     async def _transcribed(self, item: items.Item, segments: Sequence[str]) -> None:
         """The item's transcript; with transcription on, its deltas (one per Whisper segment), then
         ``.completed``."""
-        transcript, deltas = server_events.transcript_deltas(segments)
-        streamed = self._streamed.pop(item.id, "")
-        if streamed:  # streaming gave out the beginning already: the rest is one delta
-            rest = transcript[len(streamed) :] if transcript.startswith(streamed) else ""
-            deltas = [rest] if rest else []
-        if item.content and item.content[0].get("type") == "input_audio":
-            item.content[0]["transcript"] = transcript
-        if self.config.audio.input.transcription is not None:
-            for delta in deltas:
-                await self.send_event(server_events.transcription_delta(item.id, delta))
-            await self.send_event(server_events.transcription_completed(item.id, transcript, pcm_ms(item.audio)))
+        announce = self.config.audio.input.transcription is not None
+        await self._send_all(self.transcripts.transcribed(item, segments, announce=announce))
 
     # -- items -------------------------------------------------------------------------------------
     def _add_item(self, item: items.Item, previous_item_id: str | None, event_id: str | None) -> bool:
@@ -537,7 +527,7 @@ class RealtimeConsumer(SessionConsumer):
 
     async def on_item_truncate(self, event: events.ItemTruncateEvent) -> None:
         running = self.running
-        if running is not None and running.item.id == event.item_id:
+        if running is not None and running.stream.item.id == event.item_id:
             # The client stopped playing an answer still being written: stop writing it first.
             await self._cancel(server_events.cancelled("client_cancelled"))
         try:
@@ -559,7 +549,7 @@ class RealtimeConsumer(SessionConsumer):
 
     async def on_response_cancel(self, event: events.ResponseCancelEvent) -> None:
         running = self.running
-        if running is None or (event.response_id is not None and event.response_id != running.response.id):
+        if running is None or (event.response_id is not None and event.response_id != running.stream.response.id):
             raise RealtimeError(
                 "Cancellation failed: no active response found",
                 code="response_cancel_not_active",
@@ -571,30 +561,15 @@ class RealtimeConsumer(SessionConsumer):
     async def _respond(self, params: events.ResponseParams, event_id: str | None) -> None:
         if self.running is not None:
             raise RealtimeError(
-                f"Conversation already has an active response in progress: {self.running.response.id}. "
+                f"Conversation already has an active response in progress: {self.running.stream.response.id}. "
                 "Wait until the response is finished before creating a new one.",
                 code="conversation_already_has_active_response",
                 event_id=event_id,
             )
         session = self.config
         assert isinstance(session, Session)  # a transcription session refused response.create
-        modalities = tuple(params.output_modalities or session.output_modalities)
-        if "audio" in modalities:
-            modalities = ("audio",)  # the audio's transcript is the text
-        voice = (params.audio.output.voice if params.audio is not None else None) or session.audio.output.voice
-        in_conversation = params.conversation == "auto"
-        response = server_events.Response(
-            id=new_id("resp"),
-            conversation_id=self.items.id if in_conversation else None,
-            modalities=modalities,
-            voice=voice,
-            metadata=params.metadata,
-        )
-        kind = "output_audio" if response.audio else "output_text"
-        empty = {"type": kind, "transcript": ""} if response.audio else {"type": kind, "text": ""}
-        item = items.Item(id=new_id("item"), role="assistant", content=[empty], status="in_progress")
-        # The question: the latest user item that says something (an image alone asks nothing).
-        question = next((i for i in reversed(self.items.items) if i.role == "user" and (i.text() or i.audio)), None)
+        stream = ResponseStream.create(params, session, self.items)
+        question = stream.question
         instructions = "\n".join(
             t for t in (params.instructions or session.instructions, self.items.system_text()) if t
         )
@@ -608,29 +583,20 @@ class RealtimeConsumer(SessionConsumer):
             selection=FrameSelection(NUM_FRAMES, "latest_frames"),
             history=history if question else self.items.history(),
             instructions=instructions or None,
-            modalities=("text", "audio") if response.audio else ("text",),
-            voice=self.voices[voice],
+            modalities=("text", "audio") if stream.response.audio else ("text",),
+            voice=self.voices[stream.response.voice],
             require_frames=False,
             admit_budget=settings.ENGINE_TURN_ADMIT_BUDGET_MS / 1000.0,
-            request_id=response.id,
+            request_id=stream.response.id,
         )
-        running = _Running(response=response, item=item, question=question)
+        running = _Running(stream)
         self.running = running
-        await self.send_event(server_events.response_created(response))
-        if in_conversation:
-            self._add_item(item, None, event_id)
-        response.output = [item]
-        previous = self.items.previous_of(item) if in_conversation else None
-        await self.send_event(server_events.output_item_added(response, item))
-        if in_conversation:
-            await self.send_event(server_events.item_added(item, previous))
-        await self.send_event(server_events.content_part_added(response, item))
+        if stream.in_conversation:
+            self._add_item(stream.item, None, event_id)
+        await self._send_all(stream.start())
         if not spec.question.text and not spec.question.audio:
-            await self._finish(
-                running,
-                "failed",
-                server_events.failed("There is no question to answer: add a user item first", "no_input"),
-            )
+            details = server_events.failed("There is no question to answer: add a user item first", "no_input")
+            await self._finish(running, "failed", details)
             return
         running.turn = self.core.start_turn(spec, self._emit, stopped=lambda: self.send_stalled or self.client_gone)
 
@@ -639,47 +605,22 @@ class RealtimeConsumer(SessionConsumer):
         running = self.running
         if running is None or running.turn is not turn or running.finished:
             return
-        response, item = running.response, running.item
+        stream = running.stream
         if isinstance(event, Transcript):
-            if running.question is not None:
-                await self._transcribed(running.question, [event.text])
-        elif isinstance(event, TextDelta) and event.delta:
-            running.text.append(event.delta)
-            if response.audio:
-                await self.send_event(server_events.transcript_delta(response, item, event.delta))
-            else:
-                await self.send_event(server_events.text_delta(response, item, event.delta))
-                running.clock.text_sent()
-        elif isinstance(event, AudioChunk) and response.audio:
-            item.words += event.words
-            if event.pcm:
-                item.audio_ms += len(event.pcm) // BYTES_PER_MS
-                await self.send_event(server_events.audio_delta(response, item, event.pcm))
-                running.clock.audio_sent()
-        elif isinstance(event, NoUsableFrames):
-            await self._finish(running, "failed", server_events.failed("No image could be decoded", "invalid_image"))
-        elif isinstance(event, TurnEnd):
-            if event.text is not None:
-                running.text = [event.text]
-            if event.usage is not None:
-                u = event.usage
-                response.usage = server_events.usage(
-                    input_text=u.input_text_tokens,
-                    input_audio=u.input_audio_tokens,
-                    input_images=u.input_image_tokens,
-                    output_text=u.output_text_tokens,
-                    output_audio=u.output_audio_tokens,
-                )
-            if event.ok:
-                await self._finish(running, "completed", None)
-            elif event.status == "cancelled":
-                await self._finish(running, "cancelled", server_events.cancelled("client_cancelled"))
-            else:
-                message = event.message or "The response failed"
-                code = event.kind.value if event.kind is not None else "server_error"
-                if event.kind in REFUSED:  # the engine did not take it: say so as an error too
-                    await self.refuse(RealtimeError(message, code=code, type="server_error"), event.kind)
-                await self._finish(running, "failed", server_events.failed(message, code))
+            if stream.question is not None:
+                await self._transcribed(stream.question, [event.text])
+        elif isinstance(event, TurnEnd | NoUsableFrames):
+            end = stream.end(event)
+            if end.refusal is not None:  # the engine did not take it: say so as an error too
+                await self.refuse(end.refusal, end.kind)
+            await self._finish(running, end.status, end.details)
+        else:
+            for payload in stream.write(event):
+                await self.send_event(payload)
+                if payload["type"] == "response.output_text.delta":
+                    running.clock.text_sent()
+                elif payload["type"] == "response.output_audio.delta":
+                    running.clock.audio_sent()
 
     async def _cancel(self, details: dict[str, Any]) -> None:
         """Stop the running response at once (the engine request is aborted), then close it."""
@@ -691,38 +632,20 @@ class RealtimeConsumer(SessionConsumer):
         running.finished = False
         await self._finish(running, "cancelled", details)
 
-    async def _finish(self, running: _Running, status: str, details: dict[str, Any] | None) -> None:
+    async def _finish(self, running: _Running, status: Status, details: dict[str, Any] | None) -> None:
         """The closing events of a response, whatever ended it: content done, item done, response.done."""
         if running.finished:
             return
         running.finished = True
         if self.running is running:
             self.running = None
-        response, item = running.response, running.item
-        text = "".join(running.text)
-        item.status = "completed" if status == "completed" else "incomplete"
-        if response.audio:
-            item.content[0] = {"type": "output_audio", "transcript": text}
-            if item.audio_ms:
-                await self.send_event(server_events.audio_done(response, item))
-            await self.send_event(server_events.transcript_done(response, item, text))
-        else:
-            item.content[0] = {"type": "output_text", "text": text}
-            await self.send_event(server_events.text_done(response, item, text))
-        await self.send_event(server_events.content_part_done(response, item, text))
-        await self.send_event(server_events.output_item_done(response, item))
-        if response.conversation_id is not None and self.items.find(item.id) is item:
-            await self.send_event(server_events.item_done(item, self.items.previous_of(item)))
-        response.status, response.status_details = status, details
-        if response.usage is None:
-            response.usage = server_events.usage(
-                output_text=server_events.text_tokens(text), output_audio=server_events.audio_tokens(item.audio_ms)
-            )
+        *closing, done = running.stream.finish(status, details)
+        await self._send_all(closing)
         if status in ("completed", "failed"):
             running.clock.ended(ok=status == "completed")
         if status == "failed":
             metrics.count_error(ErrorKind.ENGINE.value)
-        await self.send_event(server_events.response_done(response))
+        await self.send_event(done)
         self._touch()
 
     # -- shutdown ----------------------------------------------------------------------------------
