@@ -139,3 +139,10 @@ class Pipeline(Protocol):
     def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
         """Fold the loops' finalize results into the fields of the request's final chunk."""
         ...
+
+
+def own_admit_budget(request: dict[str, Any]) -> float | None:
+    """The request's own admission budget (``admit_budget``, seconds: a conversation's turn, whose
+    speaker already waits in the session), or None when it has none and the engine's applies."""
+    own = request.get("admit_budget")
+    return float(own) if isinstance(own, int | float) and own > 0 else None

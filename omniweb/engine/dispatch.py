@@ -29,6 +29,7 @@ from omniweb.errors import CAPACITY_MESSAGE, ErrorKind, engine_end
 from omniweb.tasks import spawn
 
 from .client import MAX_REQUEST_BYTES, REQUEST_TOO_LARGE, request_bytes
+from .contracts import own_admit_budget
 from .tenants import with_tenant
 
 logger = logging.getLogger(__name__)
@@ -135,8 +136,7 @@ class ChannelEngineClient:
             yield engine_end(ErrorKind.CLIENT, REQUEST_TOO_LARGE)
             return
         if self._room is not None and request.get("priority") != "batch":
-            own = request.get("admit_budget")
-            retry = await self._room(str(request.get("pipeline", "")), own if isinstance(own, int | float) else None)
+            retry = await self._room(str(request.get("pipeline", "")), own_admit_budget(request))
             if retry is not None:
                 yield engine_end(ErrorKind.CAPACITY, CAPACITY_MESSAGE, retry_after=round(retry, 3))
                 return

@@ -183,7 +183,7 @@ class WorkerRoom:
         if now - self._read_at >= WORKER_BEAT_SECONDS:
             self._read_at = now
             self._beats = [b for b in await read_heartbeats() or [] if b.get("up") and b.get("ready", True)]
-        limit = budget if budget is not None and budget > 0 else self._budget
+        limit = self._budget if budget is None else budget  # own_admit_budget: None or > 0
         waits = [b.get("estimated_wait_seconds", {}).get(pipeline) for b in self._beats]
         if not waits or any(not isinstance(w, int | float) or w <= limit for w in waits):
             return None  # unknown (no estimate yet, an older worker): the workers decide

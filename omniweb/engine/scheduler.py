@@ -29,7 +29,7 @@ from omniweb.errors import (
     unavailable_message,
 )
 
-from .contracts import DONE, WAITING, Loop, Pipeline, StepResult, WaitFor, WorkPlan
+from .contracts import DONE, WAITING, Loop, Pipeline, StepResult, WaitFor, WorkPlan, own_admit_budget
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +150,7 @@ class _Job:
     first_media_seconds: float = 0.0  # media its first media step carried
     unscaled_wait: float | None = None  # load shedding's estimate at admission before the slowdown
     admit_budget: float = 0.0  # seconds its first media may take before it is refused (set at submit)
+    turn: bool = False  # a conversation's turn, with a budget of its own (set at submit)
     # Its loops may have a new step to offer (activated, a step of it ended, a waiting loop woken):
     # a pick asks only such requests' loops, not every active request's every time.
     stale: bool = True
@@ -353,7 +354,9 @@ class Scheduler:
             raise ValueError(f"unknown pipeline {request.get('pipeline')!r}")
         pipeline.validate(request)
         job = _Job(request_id=request_id, request=request, pipeline=pipeline, sink=sink)
-        job.admit_budget = self._budget_of(request)
+        own = own_admit_budget(request) if self._admit_budget > 0 else None
+        job.turn = own is not None
+        job.admit_budget = self._admit_budget if own is None else own
         with self._cond:
             if not self._running:
                 raise AdmissionError("engine is not running", ErrorKind.UNREACHABLE)
@@ -428,21 +431,12 @@ class Scheduler:
         # (one voice-agent backend's users share a token) still order it, but the fair delay they
         # add made the estimate 2x what such turns took (16 at once: 7.7-8.2 s estimated, the
         # admitted ones' first audio within 4.1 s).
-        turn = job.admit_budget != self._admit_budget
-        job.fair_delay, wait = self._verdict(job.pipeline, job.tenant, job.submitted_at, fair_wait=not turn)
+        job.fair_delay, wait = self._verdict(job.pipeline, job.tenant, job.submitted_at, fair_wait=not job.turn)
         if wait is None:
             return
         if not reserved and wait > job.admit_budget and self._sheds(job.pipeline):
             raise AdmissionError(CAPACITY_MESSAGE, ErrorKind.CAPACITY, retry_after=wait - job.admit_budget)
         job.unscaled_wait = wait / self._slowdown
-
-    def _budget_of(self, request: dict[str, Any]) -> float:
-        """The request's admission budget: its own ``admit_budget`` (seconds; a conversation's turn,
-        whose speaker is already waiting in the session, gets a longer one), else the engine's."""
-        own = request.get("admit_budget")
-        if self._admit_budget <= 0 or not isinstance(own, int | float) or own <= 0:
-            return self._admit_budget
-        return float(own)
 
     def _sheds(self, pipeline: Pipeline) -> bool:
         return self._admit_budget > 0 and getattr(pipeline, "shed", True)
@@ -572,7 +566,7 @@ class Scheduler:
             k = place[name] = place.get(name, 0) + 1
             if gap is None or not self._sheddable(job) or not self._sheds(job.pipeline):
                 continue
-            if job.admit_budget != self._admit_budget:
+            if job.turn:
                 # A conversation's turn: the pace, measured on bursts of new requests, overshot it
                 # (turns that waited 1-2 s were predicted past a 6 s budget, and the rest of them
                 # had their first audio within 4.9 s); it is refused when it waited past its budget.
