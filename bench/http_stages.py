@@ -105,7 +105,7 @@ def serve(stamp_path: str, argv: list[str]) -> None:
         first = {"done": False}
 
         def timed_sink(chunk: dict) -> None:
-            if not first["done"] and chunk.get("type") == "audio":
+            if not first["done"] and chunk.TYPE == "audio":
                 first["done"] = True
                 stamp("chunk")
             sink(chunk)  # type: ignore[operator]

@@ -273,18 +273,10 @@ class InProcessEngine:
         self.client = get_engine_client()
 
     @staticmethod
-    def request(text: str) -> dict[str, Any]:
-        return {
-            "pipeline": "speech.tts",
-            "text": text,
-            "voice": None,
-            "speed": 1.0,
-            "seed": None,
-            "split": "sentence",
-            "timestamps": False,
-            "first_chunk_frames": None,
-            "max_frames": None,
-        }
+    def request(text: str) -> Any:
+        from omniweb.engine.requests import SpeakRequest
+
+        return SpeakRequest(text=text)
 
     async def first_audio(self, text: str) -> float:
         """Seconds from submit (the stream's first step) to its first "audio" chunk; then aborts."""
@@ -293,11 +285,10 @@ class InProcessEngine:
         t0 = perf()
         async with contextlib.aclosing(stream):
             async for chunk in stream:
-                kind = chunk["type"]
-                if kind == "audio":
+                if chunk.TYPE == "audio":
                     first = perf() - t0
                     break  # leaving the aclosing block aborts the request
-                if kind == "end" and chunk.get("status") != "ok":
+                if chunk.TYPE == "end" and not chunk.ok:
                     raise RuntimeError(f"engine ended with {chunk}")
         return first
 
@@ -790,12 +781,10 @@ def engine_burst(sessions: int, rounds: int) -> list[EngineBurst]:
             first: dict[int, float] = {}
             ended = threading.Semaphore(0)
 
-            def sink(
-                chunk: dict[str, Any], i: int, first: dict[int, float] = first, ended: threading.Semaphore = ended
-            ) -> None:
-                if chunk["type"] == "audio" and i not in first:
+            def sink(chunk: Any, i: int, first: dict[int, float] = first, ended: threading.Semaphore = ended) -> None:
+                if chunk.TYPE == "audio" and i not in first:
                     first[i] = perf()
-                if chunk["type"] == "end":
+                if chunk.TYPE == "end":
                     ended.release()
 
             time.sleep(0.5)

@@ -45,6 +45,8 @@ from django.test import override_settings  # noqa: E402
 from hibari import Hibari  # noqa: E402
 from scipy.signal import resample_poly  # noqa: E402
 
+from omniweb.engine.messages import Chunk, End  # noqa: E402
+from omniweb.engine.requests import from_wire as request_from_wire  # noqa: E402
 from omniweb.engine.scheduler import Scheduler  # noqa: E402
 from video.engine import scene  # noqa: E402
 from video.engine.pipeline import PIPELINE, VideoTurnPipeline  # noqa: E402
@@ -105,14 +107,15 @@ def turn_times(sched: Scheduler, request: dict[str, Any]) -> dict[str, float]:
     ended = threading.Event()
     t0 = perf()
 
-    def sink(chunk: dict[str, Any]) -> None:
-        firsts.setdefault(chunk["type"], perf() - t0)
-        if chunk["type"] == "end":
-            if chunk["status"] != "ok":
+    def sink(chunk: Chunk) -> None:
+        firsts.setdefault(chunk.TYPE, perf() - t0)
+        if isinstance(chunk, End):
+            if not chunk.ok:
                 print(f"turn ended with {chunk}", file=sys.stderr)
             ended.set()
 
-    sched.submit(f"b{time.monotonic_ns()}", {"pipeline": PIPELINE, **request}, sink)
+    typed = request_from_wire({"kind": "AnswerRequest", **request})  # frames as plain dicts
+    sched.submit(f"b{time.monotonic_ns()}", typed, sink)
     assert ended.wait(60)
     return firsts
 

@@ -41,6 +41,8 @@ import numpy as np  # noqa: E402
 from django.conf import settings  # noqa: E402
 from support.photos import jpeg, photo, sign  # noqa: E402
 
+from omniweb.engine.messages import Chunk, End  # noqa: E402
+from omniweb.engine.requests import from_wire as request_from_wire  # noqa: E402
 from omniweb.engine.scheduler import Scheduler  # noqa: E402
 from video.engine.pipeline import PIPELINE, VideoTurnPipeline  # noqa: E402
 
@@ -65,12 +67,13 @@ def turn_times(sched: Scheduler, request: dict[str, Any]) -> dict[str, float]:
     ended = threading.Event()
     t0 = perf()
 
-    def sink(chunk: dict[str, Any]) -> None:
-        firsts.setdefault(chunk["type"], (perf() - t0) * 1000)
-        if chunk["type"] == "end":
+    def sink(chunk: Chunk) -> None:
+        firsts.setdefault(chunk.TYPE, (perf() - t0) * 1000)
+        if isinstance(chunk, End):
             ended.set()
 
-    sched.submit(f"b{time.monotonic_ns()}", {"pipeline": PIPELINE, **request}, sink)
+    typed = request_from_wire({"kind": "AnswerRequest", **request})  # frames as plain dicts
+    sched.submit(f"b{time.monotonic_ns()}", typed, sink)
     assert ended.wait(120)
     return firsts
 

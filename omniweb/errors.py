@@ -1,14 +1,13 @@
 """Error kinds: what went wrong, chosen where the error arises and carried, never parsed from text.
 
-Engine ``end`` messages carry a ``kind`` next to ``status`` and ``message``, over the in-process
-client and over Redis dispatch alike; every ``error`` a client receives carries one too, and
-``/metrics`` counts errors by it (``omniweb_errors_total{kind}``). Pure: no I/O.
+An engine request's ``End`` (``omniweb.engine.messages``) carries a ``kind`` next to its status
+and message, over the in-process client and over Redis dispatch alike; every ``error`` a client
+receives carries one too, and ``/metrics`` counts errors by it (``omniweb_errors_total{kind}``). Pure: no I/O.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
 
 
 class ErrorKind(StrEnum):
@@ -29,15 +28,6 @@ class ErrorKind(StrEnum):
 # The kinds whose engine messages tell the client to retry shortly (a full server, an engine that
 # cannot be reached): an endpoint passes those words on instead of only saying its request failed.
 RETRYABLE = frozenset({ErrorKind.CAPACITY, ErrorKind.UNREACHABLE, ErrorKind.STARTING})
-
-# What an engine ``end`` message's ``status`` is for each kind (clients that predate kinds read it).
-_STATUS = {
-    ErrorKind.CAPACITY: "busy",
-    ErrorKind.CLIENT: "invalid",
-    ErrorKind.UNREACHABLE: "unavailable",
-    ErrorKind.STARTING: "unavailable",
-    ErrorKind.UNAVAILABLE: "unavailable",
-}
 
 CAPACITY_MESSAGE = "server is at capacity; retry shortly"
 STARTING_MESSAGE = "server is starting (its models are still loading); retry shortly"
@@ -64,17 +54,3 @@ def kind_of(exc: BaseException, default: ErrorKind = ErrorKind.ENGINE) -> ErrorK
     """The kind an exception was raised with, or ``default`` for a plain bug."""
     kind = getattr(exc, "kind", None)
     return kind if isinstance(kind, ErrorKind) else default
-
-
-def engine_end(kind: ErrorKind, message: str, **fields: Any) -> dict[str, Any]:
-    """An engine ``end`` chunk for a request that did not succeed."""
-    return {"type": "end", "status": _STATUS.get(kind, "error"), "kind": kind.value, "message": message, **fields}
-
-
-def end_kind(chunk: dict[str, Any]) -> ErrorKind:
-    """The kind of a failed ``end`` chunk; one from an older engine that sent none, by its status."""
-    try:
-        return ErrorKind(chunk.get("kind"))
-    except ValueError:
-        by_status = {"busy": ErrorKind.CAPACITY, "invalid": ErrorKind.CLIENT, "unavailable": ErrorKind.UNREACHABLE}
-        return by_status.get(chunk.get("status"), ErrorKind.ENGINE)

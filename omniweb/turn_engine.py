@@ -1,11 +1,8 @@
 """The ``audio.turn`` pipeline: Smart Turn v3.2 (an end-of-turn model) on the engine.
 
-Request (built by ``omniweb.vad.SemanticVoiceActivity``; plain bytes, so it also travels to workers)::
-
-    {"pipeline": "audio.turn", "windows": [bytes, ...]}  # PCM16 LE 16 kHz mono, each <= 8 s
-
-Chunks: one ``{"type": "turn", "probs": [float, ...]}`` (per window, the probability that the
-speaker has finished their turn at the window's end), then the scheduler's ``end``.
+Request: ``EndOfTurnRequest(windows)`` (built by ``omniweb.vad.SemanticVoiceActivity``; PCM16 LE
+16 kHz mono, each <= 8 s). Chunks: one ``TurnProbabilities`` (per window, the probability that the
+speaker has finished their turn at the window's end), then the scheduler's ``End``.
 
 The model is the int8 ONNX file that pipecat-ai's wheel (BSD-2-Clause) ships; it is read from the
 installed wheel (``requirements-vision.txt``, installed without its dependencies), never downloaded,
@@ -31,8 +28,10 @@ from typing import Any
 import numpy as np
 
 from omniweb.engine.contracts import DONE, Done, ShapeSignature, StepResult, WorkPlan
+from omniweb.engine.messages import End, TurnProbabilities
+from omniweb.engine.requests import END_OF_TURN, EndOfTurnRequest, EngineRequest, expect
 
-PIPELINE = "audio.turn"
+PIPELINE = END_OF_TURN
 SAMPLE_RATE = 16_000
 WINDOW_SECONDS = 8
 WINDOW_SAMPLES = WINDOW_SECONDS * SAMPLE_RATE  # the model sees exactly this much audio
@@ -115,8 +114,8 @@ class TurnLoop:
     def __init__(self, model: SmartTurn) -> None:
         self._model = model
 
-    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> TurnState:
-        return TurnState(windows=list(request["windows"]))
+    def init(self, request: EndOfTurnRequest, slots: dict[str, Any]) -> TurnState:
+        return TurnState(windows=list(request.windows))
 
     def _run(self, state: TurnState) -> StepResult:
         return self._batch_run_states([state])[0]
@@ -126,7 +125,7 @@ class TurnLoop:
         results, at = [], 0
         for state in states:  # pure: nothing changes when the call raises
             mine, at = probs[at : at + len(state.windows)], at + len(state.windows)
-            results.append(StepResult(output=True, chunks=[{"type": "turn", "probs": mine}]))
+            results.append(StepResult(output=True, chunks=[TurnProbabilities(tuple(mine))]))
         return results
 
     def _batch_run(self, plans: Sequence[WorkPlan]) -> list[StepResult]:
@@ -154,7 +153,7 @@ class TurnLoop:
 
 
 class TurnPipeline:
-    """``{"pipeline": "audio.turn", ...}``: the process's one Smart Turn model."""
+    """``EndOfTurnRequest``s on the process's one Smart Turn model."""
 
     name = PIPELINE
     shed = False  # a listening session's end-of-turn check: never refused by load shedding (a few ms)
@@ -162,9 +161,9 @@ class TurnPipeline:
     def __init__(self) -> None:
         self.loops = (TurnLoop(SmartTurn()),)
 
-    def validate(self, request: dict[str, Any]) -> None:
-        windows = request.get("windows")
-        if not isinstance(windows, list) or not 1 <= len(windows) <= MAX_WINDOWS:
+    def validate(self, request: EngineRequest) -> None:
+        windows = expect(request, EndOfTurnRequest).windows
+        if not 1 <= len(windows) <= MAX_WINDOWS:
             raise ValueError(f"windows must be a list of 1 to {MAX_WINDOWS} PCM16 windows")
         for window in windows:
             if not isinstance(window, bytes) or not window or len(window) % 2:
@@ -172,5 +171,5 @@ class TurnPipeline:
             if len(window) > 2 * WINDOW_SAMPLES:
                 raise ValueError(f"a window holds at most {WINDOW_SECONDS} s of 16 kHz audio")
 
-    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
-        return finals[0]
+    def finish(self, finals: list[dict[str, Any]]) -> End:
+        return End()

@@ -32,10 +32,11 @@ import av
 import numpy as np
 
 from omniweb.engine.client import EngineClient
-from omniweb.errors import EngineError, ErrorKind, end_kind
-from omniweb.turn_engine import PIPELINE as TURN_PIPELINE
+from omniweb.engine.messages import End, TurnProbabilities, VoiceProbabilities
+from omniweb.engine.requests import EndOfTurnRequest, VadRequest
+from omniweb.errors import EngineError, ErrorKind
 from omniweb.turn_engine import WINDOW_SECONDS as TURN_WINDOW_SECONDS
-from omniweb.vad_engine import MAX_WINDOWS, PIPELINE, SAMPLE_RATE, WINDOW_BYTES, WINDOW_MS
+from omniweb.vad_engine import MAX_WINDOWS, SAMPLE_RATE, WINDOW_BYTES, WINDOW_MS
 
 logger = logging.getLogger(__name__)
 
@@ -234,13 +235,12 @@ class VoiceActivity:
     async def _run(self, pcm: bytes) -> tuple[list[float], float, bytes]:
         probs: list[float] | None = None
         window_ms, state = WINDOW_MS, b""
-        async for chunk in self._engine.stream({"pipeline": PIPELINE, "pcm": pcm, "state": self._state}):
-            kind = chunk.get("type")
-            if kind == "vad":
-                probs, window_ms, state = chunk["probs"], float(chunk["window_ms"]), chunk["state"]
-            elif kind == "end" and chunk.get("status") != "ok":
-                message = str(chunk.get("message") or "voice activity detection failed")
-                raise EngineError(end_kind(chunk), message, client_message=message)
+        async for chunk in self._engine.stream(VadRequest(pcm=pcm, state=self._state)):
+            if isinstance(chunk, VoiceProbabilities):
+                probs, window_ms, state = list(chunk.probs), chunk.window_ms, chunk.state
+            elif isinstance(chunk, End) and not chunk.ok:
+                message = chunk.message or "voice activity detection failed"
+                raise EngineError(chunk.error_kind(), message, client_message=message)
         if probs is None:
             raise EngineError(ErrorKind.ENGINE, "the engine returned no speech probabilities")
         return probs, window_ms, state
@@ -307,13 +307,12 @@ class SemanticVoiceActivity(VoiceActivity):
 
     async def _score(self, windows: list[bytes]) -> list[float]:
         probs: list[float] | None = None
-        async for chunk in self._engine.stream({"pipeline": TURN_PIPELINE, "windows": windows}):
-            kind = chunk.get("type")
-            if kind == "turn":
-                probs = [float(p) for p in chunk["probs"]]
-            elif kind == "end" and chunk.get("status") != "ok":
-                message = str(chunk.get("message") or "end-of-turn detection failed")
-                raise EngineError(end_kind(chunk), message, client_message=message)
+        async for chunk in self._engine.stream(EndOfTurnRequest(windows=tuple(windows))):
+            if isinstance(chunk, TurnProbabilities):
+                probs = [float(p) for p in chunk.probs]
+            elif isinstance(chunk, End) and not chunk.ok:
+                message = chunk.message or "end-of-turn detection failed"
+                raise EngineError(chunk.error_kind(), message, client_message=message)
         if probs is None or len(probs) != len(windows):
             raise EngineError(ErrorKind.ENGINE, "the engine returned no end-of-turn probabilities")
         return probs

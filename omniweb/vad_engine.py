@@ -1,12 +1,8 @@
 """The ``audio.vad`` pipeline: Silero VAD (the ONNX model inside the faster-whisper wheel) on the engine.
 
-Request (built by ``omniweb.vad.VoiceActivity``; plain bytes, so it also travels to workers)::
-
-    {"pipeline": "audio.vad", "pcm": bytes (PCM16 LE 16 kHz mono, whole 512-sample windows),
-     "state": bytes | None}
-
-Chunks: one ``{"type": "vad", "probs": [float, ...], "window_ms": 32.0, "state": bytes}`` (one
-speech probability per 32 ms window, in order), then the scheduler's ``end``. The model is
+Request: ``VadRequest(pcm, state)`` (built by ``omniweb.vad.VoiceActivity``; PCM16 LE 16 kHz mono,
+whole 512-sample windows). Chunks: one ``VoiceProbabilities`` (one speech probability per 32 ms
+window, in order, and the model's state after them), then the scheduler's ``End``. The model is
 stateful across windows (an LSTM plus the last 64 samples of the previous window as context);
 that state travels in the request and back in the chunk, so the session carries it and any
 worker can serve its next call. ``state=None`` starts a stream.
@@ -27,8 +23,10 @@ from typing import Any
 import numpy as np
 
 from omniweb.engine.contracts import DONE, Done, ShapeSignature, StepResult, WorkPlan
+from omniweb.engine.messages import End, VoiceProbabilities
+from omniweb.engine.requests import VAD, EngineRequest, VadRequest, expect
 
-PIPELINE = "audio.vad"
+PIPELINE = VAD
 SAMPLE_RATE = 16_000
 WINDOW_SAMPLES = 512  # Silero's window at 16 kHz
 WINDOW_MS = 1000.0 * WINDOW_SAMPLES / SAMPLE_RATE  # 32.0
@@ -91,12 +89,12 @@ class VadLoop:
     def __init__(self, model: SileroVad) -> None:
         self._model = model
 
-    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> VadState:
-        return VadState(pcm=request["pcm"], state=request.get("state"))
+    def init(self, request: VadRequest, slots: dict[str, Any]) -> VadState:
+        return VadState(pcm=request.pcm, state=request.state)
 
     def _run(self, state: VadState) -> StepResult:
         probs, after = self._model.probs(state.pcm, state.state)
-        chunk = {"type": "vad", "probs": probs.tolist(), "window_ms": WINDOW_MS, "state": after}
+        chunk = VoiceProbabilities(tuple(probs.tolist()), WINDOW_MS, after)
         return StepResult(output=True, chunks=[chunk])
 
     def _batch_run(self, plans: Sequence[WorkPlan]) -> list[StepResult]:
@@ -123,7 +121,7 @@ class VadLoop:
 
 
 class VadPipeline:
-    """``{"pipeline": "audio.vad", ...}``: the process's one Silero VAD model."""
+    """``VadRequest``s on the process's one Silero VAD model."""
 
     name = PIPELINE
     shed = False  # a listening session's next windows: never refused by load shedding (a few ms each)
@@ -131,15 +129,16 @@ class VadPipeline:
     def __init__(self) -> None:
         self.loops = (VadLoop(SileroVad()),)
 
-    def validate(self, request: dict[str, Any]) -> None:
-        pcm = request.get("pcm")
+    def validate(self, request: EngineRequest) -> None:
+        vad = expect(request, VadRequest)
+        pcm = vad.pcm
         if not isinstance(pcm, bytes) or not pcm or len(pcm) % WINDOW_BYTES:
             raise ValueError(f"pcm must be PCM16 bytes in whole windows of {WINDOW_SAMPLES} samples")
         if len(pcm) > MAX_WINDOWS * WINDOW_BYTES:
             raise ValueError(f"pcm holds more than {MAX_WINDOWS} windows")
-        state = request.get("state")
+        state = vad.state
         if state is not None and (not isinstance(state, bytes) or len(state) != STATE_BYTES):
             raise ValueError(f"state must be None or the {STATE_BYTES} bytes a previous call returned")
 
-    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
-        return finals[0]
+    def finish(self, finals: list[dict[str, Any]]) -> End:
+        return End()

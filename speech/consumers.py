@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -41,6 +42,7 @@ from omniweb.conversation import (
 )
 from omniweb.conversation.clock import SessionClock
 from omniweb.engine.client import EngineClient
+from omniweb.engine.requests import SpeakRequest
 from omniweb.engine.runtime import get_engine_client
 from omniweb.errors import ErrorKind
 from omniweb.protocol import excerpt
@@ -348,7 +350,7 @@ class SpeechStreamConsumer(SessionConsumer):
     @staticmethod
     def _request(
         config: SessionConfig, pieces: list[str], *, merge: bool, codec: dict[str, Any] | None
-    ) -> dict[str, Any]:
+    ) -> SpeakRequest:
         """The engine request for the next pieces of the utterance (the core adds the noise state)."""
         if config.split_granularity == "none":
             # One sentence on the wire, but synthesized sentence by sentence so the first one plays
@@ -359,14 +361,16 @@ class SpeechStreamConsumer(SessionConsumer):
             text, split = "\n".join(pieces), config.split_granularity
         request = protocol.tts_request(text, config, PIPELINE, split=split)
         if split == "sentence" and merge:
-            request["max_frames_scope"] = "request"  # max_new_tokens caps the flush, as one request
-            if not config.stream_audio:
-                request["paced"] = False  # one file at the end: nothing plays meanwhile, so no pacing
+            # max_new_tokens caps the flush, as one request; one file at the end plays nothing
+            # meanwhile, so it is not paced.
+            request = replace(request, max_frames_scope="request", paced=config.stream_audio)
         if codec is not None:
             # As the reference's codec request: no timestamps, no vocoder chunking (nothing is vocoded).
-            request.update(pipeline=CODEC_PIPELINE, codec_output="codes", timestamps=False, first_chunk_frames=None)
+            request = replace(
+                request, pipeline=CODEC_PIPELINE, codec_output="codes", timestamps=False, first_chunk_frames=None
+            )
         elif config.vocoder == "codec":
-            request.update(pipeline=CODEC_PIPELINE, codec_output="pcm")
+            request = replace(request, pipeline=CODEC_PIPELINE, codec_output="pcm")
         return request
 
     async def cancel_utterance(self) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from omniweb.engine.requests import Priority, SpeakRequest
 from omniweb.errors import ErrorKind
 from omniweb.protocol import ProtocolError, describe_validation_error, excerpt, loads
 from omniweb.protocol import error as base_error
@@ -162,24 +163,24 @@ def check_capabilities(config: SessionConfig, caps: Capabilities) -> None:
         )
 
 
-def tts_request(text: str, config: SessionConfig, pipeline: str, *, split: str | None = None) -> dict[str, Any]:
+def tts_request(text: str, config: SessionConfig, pipeline: str, *, split: str | None = None) -> SpeakRequest:
     """The engine request that speaks ``text`` as ``config`` says (every wire format builds it here).
 
     ``split``: how the engine cuts the text into talker steps, when it differs from the wire's
     ``split_granularity`` (a flush sent as one sentence is still synthesized sentence by sentence).
     """
-    return {
-        "pipeline": pipeline,
-        "text": text,
-        "voice": config.voice,
-        "speed": config.speed,
-        "seed": config.seed,
-        "split": split or config.split_granularity,
-        "timestamps": config.word_timestamps,
-        "first_chunk_frames": config.initial_codec_chunk_frames,
-        "max_frames": config.max_new_tokens,
-        "priority": config.priority,
-    }
+    return SpeakRequest(
+        pipeline=pipeline,
+        text=text,
+        voice=config.voice,
+        speed=config.speed,
+        seed=config.seed,
+        split=split or config.split_granularity,
+        timestamps=config.word_timestamps,
+        first_chunk_frames=config.initial_codec_chunk_frames,
+        max_frames=config.max_new_tokens,
+        priority=Priority(config.priority),
+    )
 
 
 CODEC_UNSUPPORTED = "output_mode='codec_tokens' is not supported by the loaded TTS model."

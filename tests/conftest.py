@@ -114,16 +114,18 @@ async def connect(engine: Any) -> AsyncIterator[Callable[..., Any]]:
 
 @pytest.fixture
 def requests_seen(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Records every engine request the sessions send (the real client still serves them)."""
+    """Records every engine request the sessions send, in its wire form (the Redis mode's message,
+    to compare as data); the real client still serves them."""
     from omniweb.engine import client as engine_client
     from omniweb.engine import dispatch
+    from omniweb.engine.requests import to_wire
 
     seen: list[dict[str, Any]] = []
     for cls in (engine_client.LocalEngineClient, dispatch.ChannelEngineClient):
         real = cls.stream
 
         def spy(self, request, request_id=None, _real=real):
-            seen.append(request)
+            seen.append(to_wire(request))
             return _real(self, request, request_id)
 
         monkeypatch.setattr(cls, "stream", spy)

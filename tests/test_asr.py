@@ -16,6 +16,8 @@ from support.voice import spoken
 
 from omniweb.asr.pipeline import PIPELINE, Recognizer, TranscribePipeline, shared_recognizer
 from omniweb.asr.whisper import MAX_FRAMES, MIN_CONTEXT_FRAMES, SAMPLE_RATE, Options, context_frames, pcm16_to_float
+from omniweb.engine.messages import Chunk, End, to_wire
+from omniweb.engine.requests import TranscribeRequest
 from omniweb.engine.scheduler import Scheduler
 
 SENTENCES = [  # Harvard sentences: about 45 s in our voice, more than one window
@@ -125,9 +127,9 @@ class Ends:
         self.chunks[request_id] = []
         self.ended[request_id] = threading.Event()
 
-        def put(chunk: dict[str, Any]) -> None:
-            self.chunks[request_id].append(chunk)
-            if chunk["type"] == "end":
+        def put(chunk: Chunk) -> None:
+            self.chunks[request_id].append(to_wire(chunk))
+            if isinstance(chunk, End):
                 self.ended[request_id].set()
 
         return put
@@ -150,19 +152,19 @@ def test_two_sessions_questions_are_decoded_in_one_engine_step(engine, voice):
     pcm = spoken("Is it dark in the room?", voice)
     ends = Ends()
     for rid in ("a", "b"):
-        sched.submit(rid, {"pipeline": PIPELINE, "audio": pcm, "timestamps": False}, ends.sink(rid))
+        sched.submit(rid, TranscribeRequest(audio=pcm, timestamps=False), ends.sink(rid))
     assert all(ends.ended[r].wait(30) for r in ("a", "b"))
     assert ("asr", 2) in steps  # both decodes in one generate call
     for rid in ("a", "b"):
         *segments, end = ends.chunks[rid]
         assert end["status"] == "ok"
-        assert words(" ".join(c["segment"]["text"] for c in segments)) == words("Is it dark in the room?")
+        assert words(" ".join(c["fields"]["text"] for c in segments)) == words("Is it dark in the room?")
 
 
 def test_a_cancelled_transcription_stops_between_its_steps(engine, long_recording):
     sched, steps = engine
     ends = Ends()
-    sched.submit("long", {"pipeline": PIPELINE, "audio": long_recording}, ends.sink("long"))
+    sched.submit("long", TranscribeRequest(audio=long_recording), ends.sink("long"))
     first = threading.Event()
     while not first.wait(0.01):
         if any(c["type"] == "segment" for c in ends.chunks["long"]):
@@ -173,5 +175,5 @@ def test_a_cancelled_transcription_stops_between_its_steps(engine, long_recordin
     assert ends.chunks["long"][-1]["status"] == "cancelled"
     threading.Event().wait(0.5)
     assert len(steps) <= taken + 1  # at most the step that was running when it was cancelled
-    texts = [c["segment"]["text"] for c in ends.chunks["long"] if c["type"] == "segment"]
+    texts = [c["fields"]["text"] for c in ends.chunks["long"] if c["type"] == "segment"]
     assert len(texts) < len(SENTENCES) - 3  # the first window's segments only

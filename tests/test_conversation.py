@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -46,6 +47,8 @@ from omniweb.conversation import (
     resample_pcm16,
     run_turn,
 )
+from omniweb.engine.messages import PcmAudio, Segment, SentenceEnd
+from omniweb.engine.requests import SpeakRequest, TranscribeRequest
 from omniweb.engine.runtime import get_engine_client, get_scheduler
 from omniweb.errors import ErrorKind
 from omniweb.media.frames import FrameError
@@ -139,14 +142,14 @@ async def test_frames_that_do_not_decode_never_reach_the_turn():
 
 def test_chunk_parser_moves_each_sentences_words_onto_the_answers_timeline():
     parser = ChunkParser()
-    words = [{"word": "Hello", "start_ms": 0, "end_ms": 300}, {"word": "there.", "start_ms": 300, "end_ms": 900}]
+    words = (WordTiming("Hello", 0, 300), WordTiming("there.", 300, 900))
     chunks = [
-        {"type": "sentence.start", "sentence_index": 0, "text": "Hello there.", "timestamps": words},
-        {"type": "audio", "sentence_index": 0, "pcm": b"\0" * 48 * 500},
-        {"type": "audio", "sentence_index": 0, "pcm": b"\0" * 48 * 500},
-        {"type": "sentence.end", "sentence_index": 0, "timestamps": words},
-        {"type": "sentence.start", "sentence_index": 1, "text": "Bye.", "timestamps": [words[0] | {"word": "Bye."}]},
-        {"type": "audio", "sentence_index": 1, "pcm": b"\0" * 48 * 200},
+        SentenceStart(0, "Hello there.", words),
+        PcmAudio(b"\0" * 48 * 500, 24000, 0),
+        PcmAudio(b"\0" * 48 * 500, 24000, 0),
+        SentenceEnd(0, words),
+        SentenceStart(1, "Bye.", (WordTiming("Bye.", 0, 300),)),
+        PcmAudio(b"\0" * 48 * 200, 24000, 1),
     ]
     audio = [c for raw in chunks for c in parser.feed(raw) if isinstance(c, AudioChunk)]
     assert [a.words for a in audio] == [
@@ -345,25 +348,22 @@ def test_resampling_a_24_khz_question_to_16_khz():
 
 
 def test_parse_chunk_types_every_engine_chunk_an_endpoint_reads():
-    from omniweb.conversation import CodecCodes, SentenceEnd, parse_chunk
+    from omniweb.conversation import CodecCodes, parse_chunk
+    from omniweb.engine.messages import End, Status, VoiceProbabilities
     from omniweb.errors import ErrorKind
 
-    words = [{"word": "Hi.", "start_ms": 0, "end_ms": 250}]
-    assert parse_chunk({"type": "sentence.end", "sentence_index": 2, "timestamps": words}) == SentenceEnd(
-        2, (WordTiming("Hi.", 0, 250),)
-    )
-    assert parse_chunk({"type": "sentence.end", "sentence_index": 0, "timestamps": None}) == SentenceEnd(0)
-    codes = {"type": "codes", "sentence_index": 0, "frames": 3, "codes": b"\0" * 6, "last": True, "more": False}
-    assert parse_chunk(codes) == CodecCodes(b"\0" * 6, 3, True, False)
-    assert parse_chunk({"type": "end", "status": "ok", "rng_state": "{}"}) == TurnEnd("ok", rng_state="{}")
-    busy = parse_chunk({"type": "end", "status": "busy", "kind": "capacity", "message": "full"})
+    codes = CodecCodes(b"\0" * 6, 3, True, False)
+    assert parse_chunk(codes) == codes  # the engine's own types pass as they are
+    assert parse_chunk(PcmAudio(b"\0\0", 16000)) == AudioChunk(b"\0\0", sample_rate=16000)
+    assert parse_chunk(End(rng_state="{}")) == TurnEnd(Status.OK, rng_state="{}")
+    busy = parse_chunk(End.failed(ErrorKind.CAPACITY, "full"))
     assert (busy.ok, busy.kind, busy.message) == (False, ErrorKind.CAPACITY, "full")
-    assert parse_chunk({"type": "end", "status": "invalid"}).kind is ErrorKind.CLIENT  # an older engine: by status
-    assert parse_chunk({"type": "something.else"}) is None
+    assert parse_chunk(End(status=Status.INVALID)).kind is ErrorKind.CLIENT  # an older engine: by status
+    assert parse_chunk(VoiceProbabilities((0.5,), 32.0, b"")) is None  # no conversation reads these
 
 
 # -- the speech turn: a turn whose events come from another runner ---------------------------------
-def tts(pieces, seed: int | None = 7) -> dict:
+def tts(pieces, seed: int | None = 7) -> SpeakRequest:
     from speech.protocol import SessionConfig, tts_request
     from speech.tts.loops import PIPELINE
 
@@ -463,8 +463,8 @@ async def test_an_interrupt_lets_the_event_being_written_complete():
 async def test_a_failed_request_ends_the_speech_turn_with_its_kind():
     get_scheduler()
 
-    def refused(pieces) -> dict:
-        return {**tts(pieces), "speed": 1000.0}  # the pipeline's own validation refuses it
+    def refused(pieces) -> SpeakRequest:
+        return replace(tts(pieces), speed=1000.0)  # the pipeline's own validation refuses it
 
     events = [e async for e in SpeechTurn(refused, ["Hello there.", "Never spoken."]).run(get_engine_client())]
     assert len(events) == 1 and isinstance(events[0], TurnEnd)
@@ -505,14 +505,13 @@ def question24() -> bytes:
 
 async def whisper(pcm24: bytes, prefix: str | None = None, partial: bool = False) -> list[str]:
     """Whisper's segment texts (the engine's ``audio.transcribe``)."""
-    request = {
-        "pipeline": "audio.transcribe",
-        "audio": resample_pcm16(pcm24, RATE24, 16000),
-        "temperature": 0.0,
-        "prefix": prefix,
-        "priority": "batch" if partial else "realtime",
-    }
-    return [str(c["segment"]["text"]) async for c in get_engine_client().stream(request) if c["type"] == "segment"]
+    request = TranscribeRequest(
+        audio=resample_pcm16(pcm24, RATE24, 16000),
+        temperature=0.0,
+        prefix=prefix,
+        priority="batch" if partial else "realtime",
+    )
+    return [c.text async for c in get_engine_client().stream(request) if isinstance(c, Segment)]
 
 
 async def listen(listener: Listener, pcm: bytes, chunk_ms: int = 20, paced: bool = False) -> list:

@@ -23,6 +23,7 @@ from channels_redis.core import RedisChannelLayer
 from support.servers import ROOT, free_port, stop
 
 from omniweb.engine.dispatch import (
+    AUDIO_SPLIT_BYTES,
     BLOB_MIN_BYTES,
     ENGINE_UNREACHABLE,
     MAX_MESSAGE_BYTES,
@@ -31,8 +32,11 @@ from omniweb.engine.dispatch import (
     message_size,
     offload_blobs,
     restore_blobs,
-    split_for_layer,
 )
+from omniweb.engine.messages import PcmAudio, split_audio, to_wire
+from omniweb.engine.requests import AnswerRequest, EngineRequest, FrameIn, SpeakRequest
+from omniweb.engine.requests import from_wire as request_from_wire
+from omniweb.engine.requests import to_wire as request_to_wire
 from omniweb.errors import CAPACITY_MESSAGE
 
 pytestmark = [
@@ -43,8 +47,8 @@ pytestmark = [
 LONG = " ".join(f"Sentence number {i} keeps this worker busy for a while longer." for i in range(40))
 
 
-def request(text: str) -> dict[str, Any]:
-    return {"pipeline": "speech.tts", "text": text, "split": "sentence", "seed": 1}
+def request(text: str, **fields: Any) -> SpeakRequest:
+    return SpeakRequest(text=text, split="sentence", seed=1, **fields)
 
 
 class Stack:
@@ -118,9 +122,10 @@ def client_for(stack: Stack, **kw: Any) -> ChannelEngineClient:
     return ChannelEngineClient(layer, "omniweb-engine", lease=3.0, accept_timeout=5.0, redis_url=stack.url)
 
 
-async def collect(client: ChannelEngineClient, req: dict[str, Any], log: list[tuple[float, dict[str, Any]]]) -> None:
+async def collect(client: ChannelEngineClient, req: EngineRequest, log: list[tuple[float, dict[str, Any]]]) -> None:
+    """The stream's chunks as their wire form (as they crossed Redis), to compare as data."""
     async for chunk in client.stream(req):
-        log.append((time.monotonic(), chunk))
+        log.append((time.monotonic(), to_wire(chunk)))
 
 
 def ended(log: list[tuple[float, dict[str, Any]]]) -> dict[str, Any]:
@@ -153,7 +158,7 @@ async def test_streams_over_redis_equal_the_local_engine(stack):
     ]
     end = dict(chunks[-1])
     assert isinstance(end.pop("rng_state"), str)
-    assert end == {"type": "end", "status": "ok", "total_sentences": 2}
+    assert end == {"type": "end", "status": "ok", "sentences": 2}
     assert sum(len(c["pcm"]) for c in chunks if c["type"] == "audio") > 24000
 
 
@@ -172,7 +177,7 @@ async def test_the_web_tier_sheds_when_no_worker_has_room_and_sends_nothing(stac
     assert [c for _, c in log] == [
         {"type": "end", "status": "busy", "kind": "capacity", "message": CAPACITY_MESSAGE, "retry_after": 1.5}
     ]
-    assert asked == [request("x")["pipeline"]]
+    assert asked == [request("x").pipeline]
     assert set(stack.run_redis(lambda r: r.keys("omniweb:claim:*"))) == claims  # no worker was asked
 
 
@@ -224,7 +229,7 @@ async def test_sigterm_lets_running_requests_finish_and_new_ones_go_elsewhere(st
     await asyncio.to_thread(terminate, stack, victim, 15)
     await asyncio.wait_for(asyncio.gather(*tasks), 30)
     assert [ended(log)["status"] for log in logs] == ["ok"] * 4
-    assert all(ended(log)["total_sentences"] == 10 for log in logs)
+    assert all(ended(log)["sentences"] == 10 for log in logs)
     again: list[tuple[float, dict[str, Any]]] = []
     await asyncio.wait_for(collect(client, request("After a clean stop."), again), 20)
     assert ended(again)["status"] == "ok"
@@ -254,7 +259,7 @@ async def test_client_walking_away_frees_the_worker_within_a_second(stack):
     client = client_for(stack)
     stream = client.stream(request(LONG))
     async for chunk in stream:
-        if chunk["type"] == "audio":
+        if isinstance(chunk, PcmAudio):
             break
     busy = await wait_busy(stack, ["w1", "w2"])
     await stream.aclose()  # what a disconnecting session does
@@ -343,8 +348,8 @@ async def test_requests_over_the_message_limit_are_refused_not_sent(stack):
     ok: list[tuple[float, dict[str, Any]]] = []
     stream = client.stream(request("Word. " * 16_000))
     async for chunk in stream:
-        ok.append((time.monotonic(), chunk))
-        if chunk["type"] == "audio":
+        ok.append((time.monotonic(), to_wire(chunk)))
+        if isinstance(chunk, PcmAudio):
             break
     await stream.aclose()
     assert ok[-1][1]["type"] == "audio"
@@ -352,22 +357,23 @@ async def test_requests_over_the_message_limit_are_refused_not_sent(stack):
 
 def test_large_audio_chunks_are_split_under_the_limit():
     pcm = bytes(range(256)) * 4000  # ~1 MB
-    parts = split_for_layer({"type": "audio", "sentence_index": 3, "pcm": pcm})
-    assert len(parts) > 1 and b"".join(p["pcm"] for p in parts) == pcm
-    assert all(p["sentence_index"] == 3 and len(p["pcm"]) % 2 == 0 for p in parts)
-    small = {"type": "audio", "sentence_index": 0, "pcm": b"\x00\x01"}
-    assert split_for_layer(small) == [small]
+    parts = split_audio(PcmAudio(pcm, 24000, 3), AUDIO_SPLIT_BYTES)
+    assert len(parts) > 1 and b"".join(p.pcm for p in parts) == pcm
+    assert all(p.sentence == 3 and p.sample_rate == 24000 and len(p.pcm) % 2 == 0 for p in parts)
+    small = PcmAudio(b"\x00\x01", 24000)
+    assert split_audio(small, AUDIO_SPLIT_BYTES) == [small]
 
 
 def test_large_byte_strings_leave_the_message_and_come_back_intact():
-    frame = {"frame_id": "f1", "data": os.urandom(3 * BLOB_MIN_BYTES), "pts_ms": 0}
-    small = {"frame_id": "f2", "data": b"tiny", "pts_ms": 40}
-    request = {"pipeline": "video.turn", "audio": os.urandom(BLOB_MIN_BYTES), "frames": [frame, small]}
-    light, blobs = offload_blobs(request, "omniweb:blob:r1:")
+    frame = FrameIn(frame_id="f1", data=os.urandom(3 * BLOB_MIN_BYTES), pts_ms=0)
+    small = FrameIn(frame_id="f2", data=b"tiny", pts_ms=40)
+    request = AnswerRequest(audio=os.urandom(BLOB_MIN_BYTES), frames=(frame, small))
+    light, blobs = offload_blobs(request_to_wire(request), "omniweb:blob:r1:")
     assert sorted(blobs) == ["omniweb:blob:r1:0", "omniweb:blob:r1:1"]
-    assert light["frames"][1] == small and blob_keys(light) == ["omniweb:blob:r1:0", "omniweb:blob:r1:1"]
+    assert light["frames"][1] == {"frame_id": "f2", "data": b"tiny", "pts_ms": 40}
+    assert blob_keys(light) == ["omniweb:blob:r1:0", "omniweb:blob:r1:1"]
     assert message_size(light) < 1000
-    assert restore_blobs(light, blobs) == request
+    assert request_from_wire(restore_blobs(light, blobs)) == request
     with pytest.raises(KeyError):
         restore_blobs(light, {})
 
@@ -389,12 +395,8 @@ def noisy_red_png(width: int, height: int) -> bytes:
 async def test_requests_over_the_message_limit_reach_the_worker_through_redis_keys(stack):
     png = noisy_red_png(1280, 720)
     assert len(png) > 2 * MAX_MESSAGE_BYTES
-    request = {
-        "pipeline": "video.turn",
-        "question": "What colour is it?",
-        "frames": [{"frame_id": "big", "data": png, "pts_ms": 0}],
-        "modalities": ["text"],
-    }
+    frames = (FrameIn(frame_id="big", data=png, pts_ms=0),)
+    request = AnswerRequest(question="What colour is it?", frames=frames, modalities=("text",))
     log: list[tuple[float, dict[str, Any]]] = []
     await asyncio.wait_for(collect(client_for(stack), request, log), 30)
     assert ended(log)["status"] == "ok", ended(log)
@@ -405,7 +407,7 @@ async def test_requests_over_the_message_limit_reach_the_worker_through_redis_ke
 async def test_a_request_the_worker_refuses_comes_back_with_its_kind(stack):
     """The kind is chosen on the worker (its pipeline's validation) and travels back over Redis."""
     log: list[tuple[float, dict[str, Any]]] = []
-    await collect(client_for(stack), {**request("Hello."), "voice": "no-such-voice"}, log)
+    await collect(client_for(stack), request("Hello.", voice="no-such-voice"), log)
     assert [c["type"] for _, c in log] == ["end"]
     assert ended(log)["status"] == "invalid" and ended(log)["kind"] == "client_error"
     assert "Unknown voice" in ended(log)["message"]
@@ -417,7 +419,7 @@ async def test_a_stream_left_before_its_worker_accepted_is_still_aborted():
 
     layer = InMemoryChannelLayer()
     client = ChannelEngineClient(layer, "omniweb-engine", lease=3.0, accept_timeout=5.0)
-    stream = client.stream({"pipeline": "speech.tts", "text": "Hello."}, "r-early")
+    stream = client.stream(SpeakRequest(text="Hello."), "r-early")
     pending = asyncio.ensure_future(stream.__anext__())  # submits, then waits for the accept
     submit = await layer.receive("omniweb-engine")
     pending.cancel()  # the session closes before any worker answered

@@ -16,8 +16,25 @@ from typing import Any
 import pytest
 
 from omniweb.engine.contracts import DONE, ShapeSignature, StepResult, WaitFor, Wake, WorkPlan
+from omniweb.engine.messages import Chunk, End, TextDelta, to_wire
+from omniweb.engine.requests import EngineRequest, Priority
 from omniweb.engine.scheduler import AdmissionError, Scheduler
 from omniweb.errors import EngineError, ErrorKind
+
+
+@dataclass(frozen=True, kw_only=True)
+class CountRequest(EngineRequest):
+    """``steps`` steps of ``delay`` seconds each; ``fail_at``: the step that raises (-n: ``next``)."""
+
+    pipeline: str = "count"
+    steps: int = 0
+    delay: float = 0.0
+    fail_at: int | None = None
+    fail_kind: ErrorKind | None = None
+    shape: int = 1
+    tag: str = ""
+    long: bool = False
+    lookahead: bool = False
 
 
 @dataclass
@@ -49,15 +66,17 @@ class CountLoop:
         self.next_calls: dict[str, int] = {}  # next() calls by request tag
         self.started: list[float] = []  # when each step began (time.monotonic)
 
-    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> CountState:
-        state = CountState(
-            request["steps"], request.get("delay", 0.0), request.get("fail_at"), request.get("fail_kind")
+    def init(self, request: CountRequest, slots: dict[str, Any]) -> CountState:
+        return CountState(
+            request.steps,
+            request.delay,
+            request.fail_at,
+            request.fail_kind,
+            shape=request.shape,
+            tag=request.tag,
+            long=request.long,
+            lookahead=request.lookahead,
         )
-        state.shape = request.get("shape", 1)
-        state.tag = request.get("tag", "")
-        state.long = bool(request.get("long"))
-        state.lookahead = bool(request.get("lookahead"))
-        return state
 
     def next(self, state: CountState) -> WorkPlan | Any:
         with self.lock:
@@ -83,7 +102,7 @@ class CountLoop:
                 if state.fail_kind is not None:
                     raise EngineError(state.fail_kind, "secret internal detail", client_message="upstream said no")
                 raise RuntimeError("secret internal detail")
-            return StepResult(output=i, chunks=[{"type": "tick", "i": i}], media_seconds=0.1)
+            return StepResult(output=i, chunks=[TextDelta(str(i))], media_seconds=0.1)
 
         def batch_run(plans: Sequence[WorkPlan]) -> list[StepResult]:
             with self.lock:
@@ -116,22 +135,24 @@ class CountPipeline:
     def __init__(self) -> None:
         self.loops = (CountLoop(),)
 
-    def validate(self, request: dict[str, Any]) -> None:
-        if request.get("steps", 0) < 0:
+    def validate(self, request: EngineRequest) -> None:
+        if isinstance(request, CountRequest) and request.steps < 0:
             raise ValueError("steps must be >= 0")
 
-    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
-        return finals[0]
+    def finish(self, finals: list[dict[str, Any]]) -> End:
+        return End(segments=finals[0]["steps"])  # the steps done, in the End's count field
 
 
 class Collector:
+    """A sink that keeps each chunk as its wire form (what the Redis mode sends), to compare as data."""
+
     def __init__(self) -> None:
         self.chunks: list[dict[str, Any]] = []
         self.ended = threading.Event()
 
-    def __call__(self, chunk: dict[str, Any]) -> None:
-        self.chunks.append(chunk)
-        if chunk["type"] == "end":
+    def __call__(self, chunk: Chunk) -> None:
+        self.chunks.append(to_wire(chunk))
+        if isinstance(chunk, End):
             self.ended.set()
 
 
@@ -164,19 +185,19 @@ def wait_idle(sched: Scheduler, timeout: float = 2.0) -> None:
 def test_chunks_arrive_in_order_then_end(make_scheduler):
     sched, _ = make_scheduler(workers=2)
     sink = Collector()
-    sched.submit("r1", {"pipeline": "count", "steps": 5}, sink)
+    sched.submit("r1", CountRequest(steps=5), sink)
     assert sink.ended.wait(5)
-    assert [c["i"] for c in sink.chunks[:-1]] == [0, 1, 2, 3, 4]
-    assert sink.chunks[-1] == {"type": "end", "status": "ok", "steps": 5}
+    assert [int(c["delta"]) for c in sink.chunks[:-1]] == [0, 1, 2, 3, 4]
+    assert sink.chunks[-1] == {"type": "end", "status": "ok", "segments": 5}
     wait_idle(sched)
 
 
 def test_request_with_no_work_ends_at_once(make_scheduler):
     sched, _ = make_scheduler()
     sink = Collector()
-    sched.submit("r0", {"pipeline": "count", "steps": 0}, sink)
+    sched.submit("r0", CountRequest(steps=0), sink)
     assert sink.ended.wait(2)
-    assert sink.chunks == [{"type": "end", "status": "ok", "steps": 0}]
+    assert sink.chunks == [{"type": "end", "status": "ok", "segments": 0}]
 
 
 def test_equal_shapes_from_many_requests_are_batched(make_scheduler):
@@ -184,13 +205,13 @@ def test_equal_shapes_from_many_requests_are_batched(make_scheduler):
     sinks = [Collector() for _ in range(8)]
     blocker = Collector()
     # Hold the only worker so the other requests' first steps are all ready together.
-    sched.submit("slow", {"pipeline": "count", "steps": 1, "delay": 0.2}, blocker)
+    sched.submit("slow", CountRequest(steps=1, delay=0.2), blocker)
     time.sleep(0.05)
     for i, sink in enumerate(sinks):
-        sched.submit(f"r{i}", {"pipeline": "count", "steps": 3}, sink)
+        sched.submit(f"r{i}", CountRequest(steps=3), sink)
     for sink in sinks:
         assert sink.ended.wait(5)
-        assert [c["i"] for c in sink.chunks[:-1]] == [0, 1, 2]
+        assert [int(c["delta"]) for c in sink.chunks[:-1]] == [0, 1, 2]
     assert max(pipeline.loops[0].batch_sizes) == 8
     assert sched.stats().batches_total >= 3
     wait_idle(sched)
@@ -204,10 +225,10 @@ def test_a_pick_asks_a_loop_again_only_after_its_own_step(make_scheduler):
     loop = pipeline.loops[0]
     sinks = [Collector() for _ in range(24)]
     for i, sink in enumerate(sinks):
-        sched.submit(f"r{i}", {"pipeline": "count", "steps": 3, "delay": 0.002, "tag": f"r{i}"}, sink)
+        sched.submit(f"r{i}", CountRequest(steps=3, delay=0.002, tag=f"r{i}"), sink)
     for sink in sinks:
         assert sink.ended.wait(5)
-        assert [c["i"] for c in sink.chunks[:-1]] == [0, 1, 2]
+        assert [int(c["delta"]) for c in sink.chunks[:-1]] == [0, 1, 2]
     assert loop.next_calls == {f"r{i}": 4 for i in range(24)}
     assert sched.stats().steps_total == 72
     wait_idle(sched)
@@ -216,11 +237,11 @@ def test_a_pick_asks_a_loop_again_only_after_its_own_step(make_scheduler):
 def test_max_batch_caps_batches(make_scheduler):
     sched, pipeline = make_scheduler(workers=1, max_batch=3)
     blocker = Collector()
-    sched.submit("slow", {"pipeline": "count", "steps": 1, "delay": 0.2}, blocker)
+    sched.submit("slow", CountRequest(steps=1, delay=0.2), blocker)
     time.sleep(0.05)
     sinks = [Collector() for _ in range(7)]
     for i, sink in enumerate(sinks):
-        sched.submit(f"r{i}", {"pipeline": "count", "steps": 2}, sink)
+        sched.submit(f"r{i}", CountRequest(steps=2), sink)
     for sink in sinks:
         assert sink.ended.wait(5)
     assert max(pipeline.loops[0].batch_sizes) == 3
@@ -229,7 +250,7 @@ def test_max_batch_caps_batches(make_scheduler):
 def test_abort_stops_between_steps_and_frees_the_engine(make_scheduler):
     sched, pipeline = make_scheduler(workers=2)
     sink = Collector()
-    sched.submit("long", {"pipeline": "count", "steps": 1000, "delay": 0.01}, sink)
+    sched.submit("long", CountRequest(steps=1000, delay=0.01), sink)
     while len(sink.chunks) < 3:
         time.sleep(0.005)
     assert sched.abort("long") is True
@@ -247,8 +268,8 @@ def test_abort_stops_between_steps_and_frees_the_engine(make_scheduler):
 def test_abort_of_a_queued_request(make_scheduler):
     sched, _ = make_scheduler(workers=1, max_active=1, max_queued=4)
     first, second = Collector(), Collector()
-    sched.submit("a", {"pipeline": "count", "steps": 50, "delay": 0.01}, first)
-    sched.submit("b", {"pipeline": "count", "steps": 5}, second)
+    sched.submit("a", CountRequest(steps=50, delay=0.01), first)
+    sched.submit("b", CountRequest(steps=5), second)
     assert sched.stats().queued == 1
     assert sched.abort("b")
     assert second.chunks == [{"type": "end", "status": "cancelled"}]
@@ -259,10 +280,10 @@ def test_abort_of_a_queued_request(make_scheduler):
 def test_admission_control_refuses_at_once_when_full(make_scheduler):
     sched, _ = make_scheduler(workers=1, max_active=1, max_queued=1)
     a, b = Collector(), Collector()
-    sched.submit("a", {"pipeline": "count", "steps": 50, "delay": 0.01}, a)
-    sched.submit("b", {"pipeline": "count", "steps": 2}, b)
+    sched.submit("a", CountRequest(steps=50, delay=0.01), a)
+    sched.submit("b", CountRequest(steps=2), b)
     with pytest.raises(AdmissionError):
-        sched.submit("c", {"pipeline": "count", "steps": 1}, Collector())
+        sched.submit("c", CountRequest(steps=1), Collector())
     # At once: refused while the engine was still full, not after waiting for room.
     assert not a.ended.is_set() and b.chunks == []
     # The queued request runs once the active one finishes.
@@ -278,12 +299,12 @@ def test_admitted_requests_the_measured_pace_cannot_start_in_time_are_ended_earl
     the budget has passed, and the others are served."""
     sched, _ = make_scheduler(workers=1, max_batch=1, admit_budget=1.0)
     warm = Collector()
-    sched.submit("warm", {"pipeline": "count", "steps": 1, "delay": 0.01}, warm)
+    sched.submit("warm", CountRequest(steps=1, delay=0.01), warm)
     assert warm.ended.wait(5)
     log = OrderLog()
     names = [f"r{i}" for i in range(20)]
     for name in names:  # admitted: 20 quiet first costs fit the budget
-        sched.submit(name, {"pipeline": "count", "steps": 1, "delay": 0.2}, log.sink(name))
+        sched.submit(name, CountRequest(steps=1, delay=0.2), log.sink(name))
     for name in names:
         assert log.ended[name].wait(10)
     served = [name for name, _ in log.log]
@@ -300,8 +321,8 @@ def test_admitted_requests_the_measured_pace_cannot_start_in_time_are_ended_earl
 def test_a_failing_step_ends_only_its_request(make_scheduler, caplog):
     sched, pipeline = make_scheduler(workers=1, max_batch=1)
     bad, good = Collector(), Collector()
-    sched.submit("bad", {"pipeline": "count", "steps": 5, "fail_at": 2}, bad)
-    sched.submit("good", {"pipeline": "count", "steps": 5}, good)
+    sched.submit("bad", CountRequest(steps=5, fail_at=2), bad)
+    sched.submit("good", CountRequest(steps=5), good)
     assert bad.ended.wait(5) and good.ended.wait(5)
     assert bad.chunks[-1] == {
         "type": "end",
@@ -315,16 +336,16 @@ def test_a_failing_step_ends_only_its_request(make_scheduler, caplog):
     assert pipeline.loops[0].released == [2]  # the failed request is released; the good one finalized
     # The worker survived: a new request still runs.
     again = Collector()
-    sched.submit("again", {"pipeline": "count", "steps": 2}, again)
+    sched.submit("again", CountRequest(steps=2), again)
     assert again.ended.wait(5) and again.chunks[-1]["status"] == "ok"
 
 
 def test_invalid_requests_are_refused_before_admission(make_scheduler):
     sched, _ = make_scheduler()
     with pytest.raises(ValueError, match="unknown pipeline"):
-        sched.submit("x", {"pipeline": "nope"}, Collector())
+        sched.submit("x", CountRequest(pipeline="nope"), Collector())
     with pytest.raises(ValueError, match="steps must be"):
-        sched.submit("y", {"pipeline": "count", "steps": -1}, Collector())
+        sched.submit("y", CountRequest(steps=-1), Collector())
     assert sched.stats().active == 0
 
 
@@ -332,10 +353,10 @@ def test_new_request_is_served_before_a_stream_that_is_ahead(make_scheduler):
     """Earliest deadline first: a stream with buffered media yields to a request with none yet."""
     sched, _ = make_scheduler(workers=1, max_batch=1)
     long, fresh = Collector(), Collector()
-    sched.submit("long", {"pipeline": "count", "steps": 400, "delay": 0.002}, long)
+    sched.submit("long", CountRequest(steps=400, delay=0.002), long)
     while len(long.chunks) < 50:  # 5 s of media emitted in ~0.1 s: far ahead of its listener
         time.sleep(0.005)
-    sched.submit("fresh", {"pipeline": "count", "steps": 1}, fresh)
+    sched.submit("fresh", CountRequest(steps=1), fresh)
     assert fresh.ended.wait(1)
     assert not long.ended.is_set()
     sched.abort("long")
@@ -344,10 +365,10 @@ def test_new_request_is_served_before_a_stream_that_is_ahead(make_scheduler):
 def test_a_loop_whose_next_raises_ends_only_its_request(make_scheduler):
     sched, _ = make_scheduler(workers=1)
     bad, good = Collector(), Collector()
-    sched.submit("bad", {"pipeline": "count", "steps": 5, "fail_at": -3}, bad)
-    sched.submit("good", {"pipeline": "count", "steps": 3}, good)
+    sched.submit("bad", CountRequest(steps=5, fail_at=-3), bad)
+    sched.submit("good", CountRequest(steps=3), good)
     assert bad.ended.wait(5) and good.ended.wait(5)
-    assert bad.chunks[-1]["status"] == "error" and [c["i"] for c in bad.chunks[:-1]] == [0, 1]
+    assert bad.chunks[-1]["status"] == "error" and [int(c["delta"]) for c in bad.chunks[:-1]] == [0, 1]
     assert good.chunks[-1]["status"] == "ok"
     wait_idle(sched)
 
@@ -356,7 +377,7 @@ def test_batching_window_gathers_plans_that_arrive_within_it(make_scheduler):
     sched, pipeline = make_scheduler(workers=1, max_batch=4, batch_wait=0.2)
     sinks = [Collector() for _ in range(4)]
     for i, sink in enumerate(sinks):  # arrivals spread over ~60 ms, inside the 200 ms window
-        sched.submit(f"r{i}", {"pipeline": "count", "steps": 1}, sink)
+        sched.submit(f"r{i}", CountRequest(steps=1), sink)
         time.sleep(0.02)
     for sink in sinks:
         assert sink.ended.wait(5)
@@ -366,7 +387,7 @@ def test_batching_window_gathers_plans_that_arrive_within_it(make_scheduler):
 def test_without_a_window_a_lone_request_never_waits(make_scheduler):
     sched, pipeline = make_scheduler(workers=1, max_batch=16)
     sink = Collector()
-    sched.submit("solo", {"pipeline": "count", "steps": 3}, sink)
+    sched.submit("solo", CountRequest(steps=3), sink)
     assert sink.ended.wait(5)
     assert pipeline.loops[0].batch_sizes == []  # ran alone, not through batch_run
 
@@ -375,11 +396,11 @@ def test_batch_sizes_are_reported(make_scheduler):
     seen: list[tuple[str, int]] = []
     sched, _ = make_scheduler(workers=1, max_batch=8, on_batch=lambda kind, n: seen.append((kind, n)))
     blocker = Collector()
-    sched.submit("slow", {"pipeline": "count", "steps": 1, "delay": 0.2}, blocker)
+    sched.submit("slow", CountRequest(steps=1, delay=0.2), blocker)
     time.sleep(0.05)
     sinks = [Collector() for _ in range(5)]
     for i, sink in enumerate(sinks):
-        sched.submit(f"r{i}", {"pipeline": "count", "steps": 1}, sink)
+        sched.submit(f"r{i}", CountRequest(steps=1), sink)
     for sink in sinks:
         assert sink.ended.wait(5)
     assert ("count", 1) in seen and ("count", 5) in seen
@@ -389,34 +410,34 @@ def test_paced_streams_stay_a_bounded_time_ahead_of_their_listener(make_schedule
     sched, _ = make_scheduler(workers=1, max_ahead=0.5)
     sink = Collector()
     started = time.monotonic()
-    sched.submit("paced", {"pipeline": "count", "steps": 12}, sink)  # 1.2 s of media, 0.1 s a step
+    sched.submit("paced", CountRequest(steps=12), sink)  # 1.2 s of media, 0.1 s a step
     assert sink.ended.wait(5)
     elapsed = time.monotonic() - started
     # Unpaced this takes milliseconds; paced, the last step waits until its media is 0.5 s ahead
     # (a lower bound: a slow machine only adds to it).
     assert elapsed > 0.5
-    ticks = [c for c in sink.chunks if c["type"] == "tick"]
-    assert [t["i"] for t in ticks] == list(range(12))
+    ticks = [c for c in sink.chunks if c["type"] == "text"]
+    assert [int(t["delta"]) for t in ticks] == list(range(12))
 
 
 def test_a_request_marked_unpaced_runs_as_fast_as_it_can(make_scheduler):
     """paced: False (a file made for one flush, which nobody hears while it is made)."""
     sched, _ = make_scheduler(workers=1, max_ahead=0.5)
     sink = Collector()
-    sched.submit("file", {"pipeline": "count", "steps": 600, "paced": False}, sink)  # 60 s of media
+    sched.submit("file", CountRequest(steps=600, paced=False), sink)  # 60 s of media
     assert sink.ended.wait(20), "paced, this would take about a minute"
-    assert len([c for c in sink.chunks if c["type"] == "tick"]) == 600
+    assert len([c for c in sink.chunks if c["type"] == "text"]) == 600
 
 
 def test_pacing_does_not_delay_a_second_stream(make_scheduler):
     sched, _ = make_scheduler(workers=1, max_ahead=0.3)
     order = OrderLog()
-    sched.submit("long", {"pipeline": "count", "steps": 40}, order.sink("long"))  # paced for ~3.7 s
+    sched.submit("long", CountRequest(steps=40), order.sink("long"))  # paced for ~3.7 s
     while len(order.log) < 4:  # the long stream has run ahead and is now held back by pacing
         time.sleep(0.01)
     with order.lock:
         before = len(order.log)
-    sched.submit("fresh", {"pipeline": "count", "steps": 2}, order.sink("fresh"))
+    sched.submit("fresh", CountRequest(steps=2), order.sink("fresh"))
     assert order.ended["fresh"].wait(5)
     # The paced stream's waits hold no worker: the new stream's steps ran next, with at most the one
     # paced step that came due meanwhile in between, and long before the paced stream ended.
@@ -440,10 +461,11 @@ class OrderLog:
     def sink(self, name: str) -> Any:
         self.ended[name] = threading.Event()
 
-        def put(chunk: dict[str, Any]) -> None:
+        def put(typed: Chunk) -> None:
+            chunk = to_wire(typed)
             with self.lock:
-                if chunk["type"] == "tick":
-                    self.log.append((name, chunk["i"]))
+                if chunk["type"] == "text":
+                    self.log.append((name, int(chunk["delta"])))
                     self.events.append(("tick", name))
                 elif chunk["type"] == "end":
                     self.events.append(("end", name))
@@ -461,7 +483,7 @@ def test_a_request_pauses_a_settle_time_after_its_first_media(make_scheduler, se
     the workers."""
     sched, pipeline = make_scheduler(workers=2, first_media_settle=settle)
     sink = Collector()
-    sched.submit("r", {"pipeline": "count", "steps": 3, "lookahead": lookahead}, sink)
+    sched.submit("r", CountRequest(steps=3, lookahead=lookahead), sink)
     assert sink.ended.wait(5)
     first, second, third = pipeline.loops[0].started
     assert second - first >= settle  # the pause (a lower bound: a slow machine only adds to it)
@@ -474,8 +496,8 @@ def test_under_load_a_request_is_not_held_back_after_its_first_media(make_schedu
     would only queue the request's next audio behind that work."""
     sched, _ = make_scheduler(workers=1, first_media_settle=0.5)
     order = OrderLog()
-    sched.submit("a", {"pipeline": "count", "steps": 2, "tag": "a"}, order.sink("a"))
-    sched.submit("b", {"pipeline": "count", "steps": 20, "delay": 0.01, "shape": 2, "tag": "b"}, order.sink("b"))
+    sched.submit("a", CountRequest(steps=2, tag="a"), order.sink("a"))
+    sched.submit("b", CountRequest(steps=20, delay=0.01, shape=2, tag="b"), order.sink("b"))
     assert order.ended["a"].wait(5) and order.ended["b"].wait(5)
     # Held back for the 0.5 s settle, a's second step would come after all of b's (0.2 s of steps).
     assert order.log.index(("a", 1)) < order.log.index(("b", 19)), order.log
@@ -485,8 +507,8 @@ def test_batch_priority_is_not_paced(make_scheduler):
     """A client writing a file declares priority "batch": its stream runs ahead of any listener."""
     sched, _ = make_scheduler(workers=1, max_ahead=0.3)
     order = OrderLog()
-    sched.submit("listener", {"pipeline": "count", "steps": 12}, order.sink("listener"))  # paced: ~0.9 s
-    sched.submit("file", {"pipeline": "count", "steps": 12, "priority": "batch"}, order.sink("file"))
+    sched.submit("listener", CountRequest(steps=12), order.sink("listener"))  # paced: ~0.9 s
+    sched.submit("file", CountRequest(steps=12, priority=Priority.BATCH), order.sink("file"))
     assert order.ended["file"].wait(5)
     assert not order.ended["listener"].is_set(), "the batch request waited for pacing like the listener"
     assert order.ended["listener"].wait(5)
@@ -497,12 +519,12 @@ def test_batch_priority_yields_to_real_time_requests(make_scheduler):
     sched, _ = make_scheduler(workers=1, max_batch=1)
     order = OrderLog()
     # Slower than real time (0.12 s a step for 0.1 s of media): by deadline alone it would go first.
-    sched.submit("file", {"pipeline": "count", "steps": 40, "delay": 0.12, "priority": "batch"}, order.sink("file"))
+    sched.submit("file", CountRequest(steps=40, delay=0.12, priority=Priority.BATCH), order.sink("file"))
     while len(order.log) < 3:
         time.sleep(0.01)
     with order.lock:
         before = len(order.log)
-        sched.submit("live", {"pipeline": "count", "steps": 3}, order.sink("live"))
+        sched.submit("live", CountRequest(steps=3), order.sink("live"))
     assert order.ended["live"].wait(5)
     with order.lock:
         log = list(order.log)
@@ -517,7 +539,7 @@ def test_batch_priority_leaves_a_worker_free_for_real_time_arrivals(make_schedul
     sched, _ = make_scheduler(workers=2, max_batch=1)
     order = OrderLog()
     for name in ("file-a", "file-b"):
-        sched.submit(name, {"pipeline": "count", "steps": 15, "delay": 0.02, "priority": "batch"}, order.sink(name))
+        sched.submit(name, CountRequest(steps=15, delay=0.02, priority=Priority.BATCH), order.sink(name))
     most = 0
     while not (order.ended["file-a"].is_set() and order.ended["file-b"].is_set()):
         most = max(most, sched.stats().running_steps)
@@ -530,11 +552,11 @@ def test_long_steps_leave_a_worker_to_a_playing_stream(make_scheduler):
     sched, pipeline = make_scheduler(workers=2, max_batch=1)
     loop = pipeline.loops[0]
     order = OrderLog()
-    sched.submit("live", {"pipeline": "count", "steps": 40, "delay": 0.002}, order.sink("live"))
+    sched.submit("live", CountRequest(steps=40, delay=0.002), order.sink("live"))
     while not order.log:  # the stream has started playing
         time.sleep(0.002)
     for name in ("asr-a", "asr-b"):
-        sched.submit(name, {"pipeline": "count", "steps": 3, "delay": 0.05, "long": True}, order.sink(name))
+        sched.submit(name, CountRequest(steps=3, delay=0.05, long=True), order.sink(name))
     assert order.ended["asr-a"].wait(5) and order.ended["asr-b"].wait(5)
     assert loop.long_most == 1, "two long steps held both workers while a stream was playing"
     sched.abort("live")
@@ -544,7 +566,7 @@ def test_long_steps_use_every_worker_when_nothing_plays(make_scheduler):
     sched, pipeline = make_scheduler(workers=2, max_batch=1)
     order = OrderLog()
     for name in ("asr-a", "asr-b"):
-        sched.submit(name, {"pipeline": "count", "steps": 3, "delay": 0.05, "long": True}, order.sink(name))
+        sched.submit(name, CountRequest(steps=3, delay=0.05, long=True), order.sink(name))
     assert order.ended["asr-a"].wait(5) and order.ended["asr-b"].wait(5)
     assert pipeline.loops[0].long_most == 2
 
@@ -553,22 +575,22 @@ def test_a_fault_in_a_batched_step_ends_only_its_own_request(make_scheduler, cap
     """Eight requests step in lockstep in batches of eight; one step of one of them raises."""
     sched, pipeline = make_scheduler(workers=1, max_batch=8)
     blocker = Collector()
-    sched.submit("slow", {"pipeline": "count", "steps": 1, "delay": 0.2}, blocker)
+    sched.submit("slow", CountRequest(steps=1, delay=0.2), blocker)
     time.sleep(0.05)  # the only worker is busy: the eight first steps are ready together
     sinks = [Collector() for _ in range(8)]
     for i, sink in enumerate(sinks):
-        request = {"pipeline": "count", "steps": 4, **({"fail_at": 1} if i == 3 else {})}
+        request = CountRequest(steps=4, fail_at=1 if i == 3 else None)
         sched.submit(f"r{i}", request, sink)
     for sink in sinks:
         assert sink.ended.wait(5)
     assert pipeline.loops[0].batch_sizes[:2] == [8, 8]  # the failing step ran in a batch of eight
     bad = sinks[3]
-    assert [c["i"] for c in bad.chunks[:-1]] == [0]
+    assert [int(c["delta"]) for c in bad.chunks[:-1]] == [0]
     assert bad.chunks[-1]["status"] == "error" and bad.chunks[-1]["kind"] == "engine_failure"
     for i, sink in enumerate(sinks):
         if i != 3:
-            assert [c["i"] for c in sink.chunks[:-1]] == [0, 1, 2, 3]
-            assert sink.chunks[-1] == {"type": "end", "status": "ok", "steps": 4}
+            assert [int(c["delta"]) for c in sink.chunks[:-1]] == [0, 1, 2, 3]
+            assert sink.chunks[-1] == {"type": "end", "status": "ok", "segments": 4}
     assert "running its plans alone" in caplog.text
     wait_idle(sched)
 
@@ -576,7 +598,7 @@ def test_a_fault_in_a_batched_step_ends_only_its_own_request(make_scheduler, cap
 def test_a_step_chooses_the_kind_and_client_message_of_its_error(make_scheduler):
     sched, _ = make_scheduler(workers=1)
     sink = Collector()
-    sched.submit("up", {"pipeline": "count", "steps": 3, "fail_at": 1, "fail_kind": ErrorKind.UPSTREAM}, sink)
+    sched.submit("up", CountRequest(steps=3, fail_at=1, fail_kind=ErrorKind.UPSTREAM), sink)
     assert sink.ended.wait(5)
     assert sink.chunks[-1] == {
         "type": "end",
@@ -590,7 +612,7 @@ def test_a_stopped_engine_refuses_as_unreachable(make_scheduler):
     sched, _ = make_scheduler()
     sched.stop()
     with pytest.raises(AdmissionError) as refused:
-        sched.submit("late", {"pipeline": "count", "steps": 1}, Collector())
+        sched.submit("late", CountRequest(steps=1), Collector())
     assert refused.value.kind is ErrorKind.UNREACHABLE
 
 
@@ -638,8 +660,8 @@ class IoLoop:
     def __init__(self) -> None:
         self.steps = 0
 
-    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> IoState:
-        return IoState(request["source"])
+    def init(self, request: IoRequest, slots: dict[str, Any]) -> IoState:
+        return IoState(request.source)
 
     def next(self, state: IoState) -> WorkPlan | Any:
         source = state.source
@@ -651,7 +673,7 @@ class IoLoop:
 
         def run() -> StepResult:
             self.steps += 1
-            return StepResult(output=items, chunks=[{"type": "text", "items": items}])
+            return StepResult(output=items, chunks=[TextDelta(" ".join(items))])
 
         return WorkPlan(kind="io", shape=ShapeSignature("io"), run=run)
 
@@ -662,15 +684,21 @@ class IoLoop:
         return {"got": state.got}
 
 
+@dataclass(frozen=True, kw_only=True)
+class IoRequest(EngineRequest):
+    pipeline: str = "io"
+    source: Source
+
+
 class IoPipeline:
     name = "io"
     loops = (IoLoop(),)
 
-    def validate(self, request: dict[str, Any]) -> None:
+    def validate(self, request: EngineRequest) -> None:
         pass
 
-    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
-        return finals[0]
+    def finish(self, finals: list[dict[str, Any]]) -> End:
+        return End(text=" ".join(finals[0]["got"]))
 
 
 def test_loops_waiting_on_io_hold_no_worker_and_wake_when_input_arrives():
@@ -681,11 +709,11 @@ def test_loops_waiting_on_io_hold_no_worker_and_wake_when_input_arrives():
         sources = [Source(), Source()]
         waiting = [Collector(), Collector()]
         for i, (source, sink) in enumerate(zip(sources, waiting, strict=True)):
-            sched.submit(f"io{i}", {"pipeline": "io", "source": source}, sink)
+            sched.submit(f"io{i}", IoRequest(source=source), sink)
         # Both workers stay free for other work while the two requests wait on silent sources.
         streams = [Collector() for _ in range(4)]
         for i, sink in enumerate(streams):
-            sched.submit(f"s{i}", {"pipeline": "count", "steps": 20, "delay": 0.005}, sink)
+            sched.submit(f"s{i}", CountRequest(steps=20, delay=0.005), sink)
         for sink in streams:
             assert sink.ended.wait(5) and sink.chunks[-1]["status"] == "ok"
         assert io.loops[0].steps == 0 and not any(w.ended.is_set() for w in waiting)
@@ -695,14 +723,14 @@ def test_loops_waiting_on_io_hold_no_worker_and_wake_when_input_arrives():
         deadline = time.monotonic() + 5
         while not waiting[0].chunks and time.monotonic() < deadline:
             time.sleep(0.005)
-        assert waiting[0].chunks[0] == {"type": "text", "items": ["hello"]}
+        assert waiting[0].chunks[0] == {"type": "text", "delta": "hello"}
         sources[0].push("world")
         sources[0].push(None)
         sources[1].push(None)
         for sink in waiting:
             assert sink.ended.wait(5)
-        assert waiting[0].chunks[-1] == {"type": "end", "status": "ok", "got": ["hello", "world"]}
-        assert waiting[1].chunks[-1] == {"type": "end", "status": "ok", "got": []}
+        assert waiting[0].chunks[-1] == {"type": "end", "status": "ok", "text": "hello world"}
+        assert waiting[1].chunks[-1] == {"type": "end", "status": "ok", "text": ""}
         assert io.loops[0].steps <= 3  # one step per arrival at most, never a poll
         wait_idle(sched)
     finally:
@@ -715,7 +743,7 @@ def test_an_aborted_request_waiting_on_io_ignores_a_late_wake_up():
     sched.start()
     try:
         source, sink = Source(), Collector()
-        sched.submit("gone", {"pipeline": "io", "source": source}, sink)
+        sched.submit("gone", IoRequest(source=source), sink)
         deadline = time.monotonic() + 2
         while source.subscriptions == 0 and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -732,11 +760,11 @@ def test_a_batch_never_carries_work_less_urgent_than_other_work_waiting(make_sch
     are more urgent than the most urgent plan of another shape, so it cannot push that one back."""
     sched, pipeline = make_scheduler(workers=1, max_batch=8)
     blocker = Collector()
-    sched.submit("slow", {"pipeline": "count", "steps": 1, "delay": 0.2, "tag": "slow"}, blocker)
+    sched.submit("slow", CountRequest(steps=1, delay=0.2, tag="slow"), blocker)
     time.sleep(0.05)
     sinks = [Collector() for _ in range(4)]
     for i, (shape, tag) in enumerate([(1, "a"), (1, "b"), (2, "c"), (1, "d")]):
-        sched.submit(f"r{i}", {"pipeline": "count", "steps": 1, "shape": shape, "tag": tag}, sinks[i])
+        sched.submit(f"r{i}", CountRequest(steps=1, shape=shape, tag=tag), sinks[i])
     for sink in sinks:
         assert sink.ended.wait(5)
     loop = pipeline.loops[0]
@@ -749,7 +777,7 @@ class EagerLoop:
 
     name = "eager"
 
-    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> None:
+    def init(self, request: EngineRequest, slots: dict[str, Any]) -> None:
         return None
 
     def next(self, state: None) -> WaitFor:
@@ -762,15 +790,20 @@ class EagerLoop:
         return {}
 
 
+@dataclass(frozen=True, kw_only=True)
+class EagerRequest(EngineRequest):
+    pipeline: str = "eager"
+
+
 class EagerPipeline:
     name = "eager"
     loops = (EagerLoop(),)
 
-    def validate(self, request: dict[str, Any]) -> None:
+    def validate(self, request: EngineRequest) -> None:
         pass
 
-    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
-        return {}
+    def finish(self, finals: list[dict[str, Any]]) -> End:
+        return End()
 
 
 def test_a_loop_that_waits_for_what_it_has_fails_its_request_instead_of_spinning(caplog):
@@ -778,8 +811,8 @@ def test_a_loop_that_waits_for_what_it_has_fails_its_request_instead_of_spinning
     sched.start()
     try:
         bad, good = Collector(), Collector()
-        sched.submit("bad", {"pipeline": "eager"}, bad)
-        sched.submit("good", {"pipeline": "count", "steps": 2}, good)
+        sched.submit("bad", EagerRequest(), bad)
+        sched.submit("good", CountRequest(steps=2), good)
         assert bad.ended.wait(5) and good.ended.wait(5)
         assert bad.chunks[-1]["status"] == "error" and bad.chunks[-1]["kind"] == "engine_failure"
         assert good.chunks[-1]["status"] == "ok"

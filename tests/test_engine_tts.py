@@ -11,6 +11,8 @@ import pytest
 from hibari import Hibari
 from support.voice import synthesize
 
+from omniweb.engine.messages import Chunk, End, PcmAudio
+from omniweb.engine.requests import SpeakRequest
 from omniweb.engine.scheduler import Scheduler
 from speech.tts.loops import PIPELINE, TtsPipeline
 
@@ -41,7 +43,7 @@ def test_streamed_audio_equals_one_shot_synthesis(pipeline, hibari_voice, first_
 
 def test_sentences_are_announced_in_order_around_their_audio(pipeline):
     chunks = synthesize(pipeline, text=TEXT, seed=1)
-    kinds = [(c["type"], c.get("sentence_index")) for c in chunks if c["type"] != "audio"]
+    kinds = [(c["type"], c.get("index")) for c in chunks if c["type"] != "audio"]
     assert kinds == [
         ("sentence.start", 0),
         ("sentence.end", 0),
@@ -53,7 +55,7 @@ def test_sentences_are_announced_in_order_around_their_audio(pipeline):
     ]
     end = dict(chunks[-1])
     assert isinstance(end.pop("rng_state"), str), "the noise's position, for a request that continues this one"
-    assert end == {"type": "end", "status": "ok", "total_sentences": 3}
+    assert end == {"type": "end", "status": "ok", "sentences": 3}
     texts = [c["text"] for c in chunks if c["type"] == "sentence.start"]
     assert texts == [
         "The quick brown fox jumps over the lazy dog.",
@@ -76,12 +78,12 @@ def test_audio_is_speech_like(pipeline):
 def test_word_timestamps_come_from_the_model(pipeline):
     chunks = synthesize(pipeline, text="Hello brave new world.", seed=3, timestamps=True)
     end = next(c for c in chunks if c["type"] == "sentence.end")
-    words = end["timestamps"]
-    assert [w["word"] for w in words] == ["Hello", "brave", "new", "world."]
+    words = end["words"]  # [word, start_ms, end_ms] on the wire
+    assert [w for w, _, _ in words] == ["Hello", "brave", "new", "world."]
     total_ms = sum(len(c["pcm"]) for c in chunks if c["type"] == "audio") / 48
-    starts = [w["start_ms"] for w in words]
-    assert starts == sorted(starts) and words[0]["start_ms"] > 0
-    assert all(w["start_ms"] < w["end_ms"] <= total_ms for w in words)
+    starts = [start for _, start, _ in words]
+    assert starts == sorted(starts) and starts[0] > 0
+    assert all(start < end <= total_ms for _, start, end in words)
 
 
 def test_speed_and_frame_cap(pipeline):
@@ -98,7 +100,7 @@ def test_blank_text_gives_no_sentences(pipeline):
     for text in ("", "   ", "\n\n"):
         chunks = synthesize(pipeline, text=text)
         assert [{k: v for k, v in c.items() if k != "rng_state"} for c in chunks] == [
-            {"type": "end", "status": "ok", "total_sentences": 0}
+            {"type": "end", "status": "ok", "sentences": 0}
         ]
 
 
@@ -109,14 +111,16 @@ def test_pacing_keeps_the_stream_near_real_time(pipeline):
     arrivals: list[tuple[float, int]] = []
     ended = threading.Event()
 
-    def sink(chunk: dict[str, Any]) -> None:
-        if chunk["type"] == "audio":
-            arrivals.append((time.monotonic(), len(chunk["pcm"])))
-        if chunk["type"] == "end":
+    def sink(chunk: Chunk) -> None:
+        if isinstance(chunk, PcmAudio):
+            arrivals.append((time.monotonic(), len(chunk.pcm)))
+        if isinstance(chunk, End):
             ended.set()
 
     try:
-        sched.submit("r", {"pipeline": PIPELINE, "text": "One short sentence here. And a second one.", "seed": 2}, sink)
+        sched.submit(
+            "r", SpeakRequest(pipeline=PIPELINE, text="One short sentence here. And a second one.", seed=2), sink
+        )
         assert ended.wait(30)
     finally:
         sched.stop()

@@ -9,11 +9,14 @@ from typing import Any
 
 import pytest
 from django.test import override_settings
+from support.engine import typed_request
 from support.photos import photo
 from support.pictures import camera_like, canvas, jpeg, square_frames
 from support.upstream import Upstream, serve, stream
 from support.voice import spoken
 
+from omniweb.engine.messages import Chunk, End, PcmAudio, to_wire
+from omniweb.engine.requests import AnswerRequest
 from omniweb.engine.scheduler import Scheduler
 from video.engine.pipeline import NOTHING_HEARD, PIPELINE, VideoTurnPipeline
 from video.engine.sentences import SentenceStream, speakable
@@ -38,12 +41,12 @@ class Recorder:
         ended = threading.Event()
         t0 = time.monotonic()
 
-        def sink(chunk: dict[str, Any]) -> None:
-            chunks.append((time.monotonic() - t0, chunk))
-            if chunk["type"] == "end":
+        def sink(chunk: Chunk) -> None:
+            chunks.append((time.monotonic() - t0, to_wire(chunk)))
+            if isinstance(chunk, End):
                 ended.set()
 
-        self.sched.submit(f"r{time.monotonic_ns()}", {"pipeline": PIPELINE, **request}, sink)
+        self.sched.submit(f"r{time.monotonic_ns()}", typed_request(AnswerRequest, **request), sink)
         assert ended.wait(timeout), [c["type"] for _, c in chunks]
         return chunks
 
@@ -95,7 +98,7 @@ def test_every_sentence_is_spoken_in_order(engine):
     stream = SentenceStream()
     expected = stream.feed(end["text"]) + stream.flush()
     assert spoken_sentences == expected and len(expected) >= 3
-    indices = [c["sentence_index"] for _, c in chunks if c["type"] == "sentence.end"]
+    indices = [c["index"] for _, c in chunks if c["type"] == "sentence.end"]
     assert indices == list(range(len(expected)))
 
 
@@ -117,13 +120,14 @@ def test_abort_stops_between_steps(engine):
     chunks: list[dict[str, Any]] = []
     first_audio = threading.Event()
 
-    def sink(chunk: dict[str, Any]) -> None:
-        chunks.append(chunk)
-        if chunk["type"] == "audio":
+    def sink(chunk: Chunk) -> None:
+        chunks.append(to_wire(chunk))
+        if isinstance(chunk, PcmAudio):
             first_audio.set()
 
     frames = [{"data": f, "pts_ms": i * 300} for i, f in enumerate(square_frames([40, 190, 340, 490]))]
-    engine.sched.submit("long", {"pipeline": PIPELINE, "question": "Describe everything.", "frames": frames}, sink)
+    request = typed_request(AnswerRequest, question="Describe everything.", frames=frames)
+    engine.sched.submit("long", request, sink)
     assert first_audio.wait(10)
     steps_before = engine.sched.stats().steps_total
     assert engine.sched.abort("long")
@@ -155,18 +159,18 @@ def test_the_answer_text_leads_its_audio(engine):
 @pytest.mark.parametrize(
     ("request_fields", "message"),
     [
-        ({"question": 3}, "question must be a string"),
-        ({"audio": "not bytes"}, "audio must be PCM16 bytes"),
-        ({"frames": [{"data": "base64?"}]}, "frames must be a list"),
-        ({"history": [{"role": "system", "content": "x"}]}, "history must be a list"),
+        ({"question": 3}, "question must be str"),
+        ({"audio": "not bytes"}, "audio must be bytes"),
+        ({"frames": [{"data": "base64?"}]}, "data must be bytes"),
+        ({"frames": [{"data": b""}]}, "frames must carry image bytes"),
+        ({"history": [{"role": "system", "content": "x"}]}, "history roles must be"),
         ({"modalities": ["video"]}, "modalities must be a subset"),
         ({"voice": "nobody"}, "Unknown voice 'nobody'"),
     ],
 )
 def test_invalid_requests_are_refused_at_submit(engine, request_fields, message):
-    request = {"pipeline": PIPELINE, "question": "q", "frames": [], **request_fields}
-    with pytest.raises(ValueError, match=message):
-        engine.sched.submit("bad", request, lambda chunk: None)
+    with pytest.raises(ValueError, match=message):  # at the Redis boundary or at submit
+        engine.sched.submit("bad", typed_request(AnswerRequest, **{"question": "q", **request_fields}), lambda _: None)
 
 
 # -- audio while the text still streams (a thinker that writes at a model's pace) ----------------

@@ -12,6 +12,9 @@ import pytest
 from support.messages import expect_error, receive_json, receive_until_done
 from support.video import VIDEO_PATH, b64, frame, jpeg, sync, video
 
+from omniweb.engine.messages import End
+from omniweb.engine.requests import AnswerRequest, FrameIn
+from omniweb.errors import ErrorKind
 from omniweb.protocol import MAX_ECHO_CHARS, ProtocolError, dumps, loads
 
 HUGE_INT = "9" * 5000  # over Python's 4300-digit int limit: json.loads raises ValueError
@@ -321,12 +324,12 @@ async def test_both_engine_modes_refuse_the_same_oversize_request():
     from omniweb.engine.dispatch import ChannelEngineClient
 
     frame_bytes = b"\0" * (MAX_REQUEST_BYTES // 4 + 1)
-    request = {"pipeline": "video.turn", "frames": [{"data": frame_bytes} for _ in range(4)], "question": "?"}
+    request = AnswerRequest(frames=tuple(FrameIn(data=frame_bytes) for _ in range(4)), question="?")
     local = LocalEngineClient(scheduler=None)  # refused before it reaches any scheduler
     redis = ChannelEngineClient(None, "omniweb-engine", lease=3, accept_timeout=5, redis_url="redis://unused")
     for client in (local, redis):
         chunks = [chunk async for chunk in client.stream(request)]
-        assert chunks == [{"type": "end", "status": "invalid", "kind": "client_error", "message": REQUEST_TOO_LARGE}]
+        assert chunks == [End.failed(ErrorKind.CLIENT, REQUEST_TOO_LARGE)]
 
 
 async def test_sends_after_the_client_left_are_dropped_quietly():

@@ -11,6 +11,7 @@ import pytest
 from support.realtime import normalized, sdk_parses
 
 from omniweb.conversation import AudioChunk, NoUsableFrames, TextDelta, Transcript, TurnEnd, Usage, WordTiming
+from omniweb.engine.messages import Status
 from omniweb.errors import ErrorKind
 from omniweb.openai_api.protocol import OPENAI_VOICES
 from omniweb.openai_api.realtime import server_events
@@ -116,7 +117,7 @@ def test_a_text_response_opens_streams_its_deltas_and_closes_in_the_conversation
     stream = respond(conv, output_modalities=["text"])
     assert stream.question is question and stream.in_conversation
     turn = [TextDelta("Two "), AudioChunk(PCM), TextDelta(""), Transcript("ignored"), TextDelta("people.")]
-    out, end = run(stream, *turn, TurnEnd("ok"))
+    out, end = run(stream, *turn, TurnEnd(Status.OK))
     assert end == Ending("completed")
     empty, done = {"type": "output_text", "text": ""}, {"type": "output_text", "text": "Two people."}
     assert wire(out, question.id) == [
@@ -155,7 +156,7 @@ def test_an_audio_response_keeps_word_timings_and_reports_the_turns_usage() -> N
         AudioChunk(PCM, words[:1]),
         AudioChunk(b"", words[1:]),  # words only: no delta
         AudioChunk(PCM),
-        TurnEnd("ok", text="Two people.", usage=usage),
+        TurnEnd(Status.OK, text="Two people.", usage=usage),
     )
     assert end == Ending("completed")
     empty, done = {"type": "output_audio", "transcript": ""}, {"type": "output_audio", "transcript": "Two people."}
@@ -193,7 +194,7 @@ def test_a_refused_response_fails_with_an_error_first_and_keeps_what_was_written
     conv, question = asked()
     stream = respond(conv, output_modalities=["text"])
     message = "server is at capacity; retry shortly"
-    out, end = run(stream, TextDelta("Two"), TurnEnd("busy", kind=ErrorKind.CAPACITY, message=message, text="Two"))
+    out, end = run(stream, TextDelta("Two"), TurnEnd(Status.BUSY, kind=ErrorKind.CAPACITY, message=message, text="Two"))
     details = {"type": "failed", "error": {"type": "server_error", "code": "capacity", "message": message}}
     assert (end.status, end.details, end.kind) == ("failed", details, ErrorKind.CAPACITY)
     assert end.refusal is not None
@@ -223,8 +224,8 @@ def test_a_refused_response_fails_with_an_error_first_and_keeps_what_was_written
 @pytest.mark.parametrize(
     ("last", "code", "message"),
     [
-        (TurnEnd("error", kind=ErrorKind.ENGINE), "engine_failure", "The response failed"),
-        (TurnEnd("error", message="The thinker failed"), "server_error", "The thinker failed"),
+        (TurnEnd(Status.ERROR, kind=ErrorKind.ENGINE), "engine_failure", "The response failed"),
+        (TurnEnd(Status.ERROR, message="The thinker failed"), "server_error", "The thinker failed"),
         (NoUsableFrames(), "invalid_image", "No image could be decoded"),
     ],
 )
@@ -278,7 +279,7 @@ def test_the_turns_own_cancel_and_a_deleted_item() -> None:
     conv, _ = asked()
     stream = respond(conv, output_modalities=["text"])
     stream.start()
-    assert stream.end(TurnEnd("cancelled")) == Ending("cancelled", server_events.cancelled("client_cancelled"))
+    assert stream.end(TurnEnd(Status.CANCELLED)) == Ending("cancelled", server_events.cancelled("client_cancelled"))
     conv.delete(stream.item.id)  # deleted while it was written: no conversation.item.done for it
     assert [e["type"] for e in stream.finish("cancelled", None)] == [
         "response.output_text.done",

@@ -20,11 +20,15 @@ import numpy as np
 import pytest
 import support.engine as engine_support
 from hibari import Hibari
+from support.engine import typed_request
 from support.messages import RECEIVE_TIMEOUT
 from support.paused_speech import PausedQuestion, paused_question, pcm16, spoken
 
 from omniweb.engine.client import LocalEngineClient
+from omniweb.engine.messages import Chunk, End, TurnProbabilities
+from omniweb.engine.requests import EndOfTurnRequest, EngineRequest
 from omniweb.engine.scheduler import Scheduler
+from omniweb.errors import ErrorKind
 from omniweb.turn_engine import MAX_WINDOWS, WINDOW_SAMPLES, SmartTurn, TurnPipeline, features, model_path
 from omniweb.vad import (
     CHECK_MS,
@@ -114,14 +118,14 @@ def test_one_call_scores_many_windows_as_each_alone(voice: Hibari, model: SmartT
         ({"windows": [b"\x00\x00"] * (MAX_WINDOWS + 1)}, "windows"),
         ({"windows": [b""]}, "non-empty"),
         ({"windows": [b"\x00"]}, "PCM16"),
-        ({"windows": ["text"]}, "PCM16"),
+        ({"windows": ["text"]}, "windows must be tuple"),
         ({"windows": [bytes(2 * WINDOW_SAMPLES + 2)]}, "at most"),
     ],
 )
 def test_the_pipeline_refuses_malformed_requests(request_fields: dict[str, Any], message: str) -> None:
     pipeline = TurnPipeline.__new__(TurnPipeline)  # validation needs no model
     with pytest.raises(ValueError, match=message):
-        pipeline.validate({"pipeline": "audio.turn", **request_fields})
+        pipeline.validate(typed_request(EndOfTurnRequest, **request_fields))
 
 
 # -- the detector, through the engine (in-process and Redis workers) --------------------------------
@@ -172,17 +176,17 @@ class _Scripted:
         self._probs = probs
         self.turn_requests = 0
 
-    async def stream(self, request: dict[str, Any], request_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
-        if request["pipeline"] != "audio.turn":
+    async def stream(self, request: EngineRequest, request_id: str | None = None) -> AsyncIterator[Chunk]:
+        if not isinstance(request, EndOfTurnRequest):
             async for chunk in self._engine.stream(request, request_id):
                 yield chunk
             return
         self.turn_requests += 1
         if self._probs is None:
-            yield {"type": "end", "status": "busy", "kind": "capacity", "message": "server is at capacity"}
+            yield End.failed(ErrorKind.CAPACITY, "server is at capacity")
             return
-        yield {"type": "turn", "probs": [self._probs] * len(request["windows"])}
-        yield {"type": "end", "status": "ok"}
+        yield TurnProbabilities((self._probs,) * len(request.windows))
+        yield End()
 
     async def abort(self, request_id: str) -> None:
         return None

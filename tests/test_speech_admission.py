@@ -12,6 +12,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,6 +20,8 @@ from support.messages import receive_until_done, session, speak
 
 from omniweb.engine import runtime
 from omniweb.engine.client import LocalEngineClient
+from omniweb.engine.messages import Chunk, End, to_wire
+from omniweb.engine.requests import SpeakRequest
 from omniweb.engine.scheduler import AdmissionError, Scheduler
 from omniweb.errors import ErrorKind
 from speech.tts.loops import PIPELINE, TtsPipeline
@@ -27,18 +30,18 @@ HELLO = "Hello there."
 LONG = " ".join(f"This is sentence number {i} of a long request that keeps the engine busy." for i in range(60))
 
 
-def request(text: str) -> dict[str, Any]:
-    return {
-        "pipeline": PIPELINE,
-        "text": text,
-        "voice": None,
-        "speed": 1.0,
-        "seed": 0,
-        "split": "sentence",
-        "timestamps": False,
-        "first_chunk_frames": None,
-        "max_frames": None,
-    }
+def request(text: str) -> SpeakRequest:
+    return SpeakRequest(
+        pipeline=PIPELINE,
+        text=text,
+        voice=None,
+        speed=1.0,
+        seed=0,
+        split="sentence",
+        timestamps=False,
+        first_chunk_frames=None,
+        max_frames=None,
+    )
 
 
 class Sink:
@@ -49,10 +52,10 @@ class Sink:
         self.times: list[float] = []
         self.ended = threading.Event()
 
-    def __call__(self, chunk: dict[str, Any]) -> None:
+    def __call__(self, chunk: Chunk) -> None:
         self.times.append(time.monotonic())
-        self.chunks.append(chunk)
-        if chunk["type"] == "end":
+        self.chunks.append(to_wire(chunk))
+        if isinstance(chunk, End):
             self.ended.set()
 
     @property
@@ -120,7 +123,7 @@ def test_abort_frees_capacity_and_promotes_the_queued_request(tiny):
     tiny.submit("third", request(HELLO), third)  # room in the queue again
     assert tiny.abort(queued_id)
     assert third.ended.wait(10)
-    assert third.end["status"] == "ok" and third.end["total_sentences"] == 1
+    assert third.end["status"] == "ok" and third.end["sentences"] == 1
     assert any(c["type"] == "audio" for c in third.chunks)
     assert not tiny.abort(queued_id)  # already gone
 
@@ -133,14 +136,14 @@ def test_queued_request_runs_when_the_active_one_finishes(tiny):
     assert first.end["status"] == second.end["status"] == "ok"
     # With one active slot the queued request produced nothing until the first one had ended.
     assert second.times[0] >= first.times[-1]
-    assert first.end["total_sentences"] == second.end["total_sentences"] == 1
+    assert first.end["sentences"] == second.end["sentences"] == 1
 
 
 def test_invalid_request_is_refused_before_admission(tiny):
     with pytest.raises(ValueError, match="Unknown voice"):
-        tiny.submit("bad", {**request(HELLO), "voice": "nobody"}, Sink())
+        tiny.submit("bad", replace(request(HELLO), voice="nobody"), Sink())
     with pytest.raises(ValueError, match="unknown pipeline"):
-        tiny.submit("bad", {**request(HELLO), "pipeline": "nope"}, Sink())
+        tiny.submit("bad", replace(request(HELLO), pipeline="nope"), Sink())
     stats = tiny.stats()
     assert (stats.active, stats.queued) == (0, 0)
 
@@ -234,9 +237,9 @@ def test_a_burst_past_the_budget_is_refused_at_submit_and_the_admitted_are_serve
 def test_one_clients_burst_does_not_hold_another_clients_first_audio(measured):
     burst = [Sink() for _ in range(24)]
     for i, sink in enumerate(burst):
-        measured.submit(f"a-{i}", {**request(HELLO), "tenant": "client-a"}, sink)
+        measured.submit(f"a-{i}", replace(request(HELLO), tenant="client-a"), sink)
     other = Sink()
-    measured.submit("b-0", {**request(HELLO), "tenant": "client-b"}, other)
+    measured.submit("b-0", replace(request(HELLO), tenant="client-b"), other)
     for sink in [*burst, other]:
         assert sink.ended.wait(30) and sink.end["status"] == "ok"
     after = sum(first_audio(sink) > first_audio(other) for sink in burst)
@@ -253,7 +256,7 @@ def test_a_conversation_turn_is_judged_by_its_own_longer_budget(measured):
         measured.submit("new", request(HELLO), Sink())
     assert refused.value.kind is ErrorKind.CAPACITY
     turn = Sink()
-    measured.submit("turn", {**request(HELLO), "admit_budget": 100 * alone}, turn)
+    measured.submit("turn", replace(request(HELLO), admit_budget=100 * alone), turn)
     assert turn.ended.wait(10) and turn.end["status"] == "ok"
 
 

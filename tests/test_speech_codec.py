@@ -24,7 +24,7 @@ import pytest
 import websockets
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
-from support.engine import wait_engine_idle
+from support.engine import typed_request, wait_engine_idle
 from support.messages import (
     Transcript,
     expect_close,
@@ -40,6 +40,8 @@ from support.servers import ROOT, free_port, live_server
 import speech.consumers
 from omniweb.engine import runtime
 from omniweb.engine.client import LocalEngineClient
+from omniweb.engine.messages import Chunk, End, to_wire
+from omniweb.engine.requests import SpeakRequest
 from omniweb.engine.scheduler import Scheduler, SchedulerStats
 from speech.codec import wire
 from speech.codec.loops import CODEC_PIPELINE, CodecPipeline, shared_codec
@@ -366,16 +368,16 @@ def run_requests(
     ended = [threading.Event() for _ in requests]
 
     def sink(i: int):
-        def put(chunk: dict[str, Any]) -> None:
-            chunks[i].append(chunk)
-            if chunk["type"] == "end":
+        def put(chunk: Chunk) -> None:
+            chunks[i].append(to_wire(chunk))
+            if isinstance(chunk, End):
                 ended[i].set()
 
         return put
 
     try:
         for i, req in enumerate(requests):
-            scheduler.submit(f"r{i}", {"pipeline": CODEC_PIPELINE, **req}, sink(i))
+            scheduler.submit(f"r{i}", typed_request(SpeakRequest, pipeline=CODEC_PIPELINE, **req), sink(i))
         assert all(e.wait(60) for e in ended)
         stats = scheduler.stats()
     finally:
@@ -403,13 +405,13 @@ def test_engine_batches_codec_vocoder_chunks_across_requests(pipeline, codec):
     assert {k: v for k, v in outs[0][-1].items() if k != "rng_state"} == {
         "type": "end",
         "status": "ok",
-        "total_sentences": 2,
+        "sentences": 2,
     }
 
 
 def test_engine_codes_request_announces_sentences_around_packets(pipeline):
     [chunks], _ = run_requests(pipeline, [{"text": TWO, "codec_output": "codes"}])
-    kinds = [(c["type"], c.get("sentence_index")) for c in chunks if c["type"] != "codes"]
+    kinds = [(c["type"], c.get("index")) for c in chunks if c["type"] != "codes"]
     assert kinds == [
         ("sentence.start", 0),
         ("sentence.end", 0),
@@ -417,15 +419,15 @@ def test_engine_codes_request_announces_sentences_around_packets(pipeline):
         ("sentence.end", 1),
         ("end", None),
     ]
-    lasts = [(c["sentence_index"], c["more"]) for c in chunks if c["type"] == "codes" and c["last"]]
+    lasts = [(c["index"], c["more"]) for c in chunks if c["type"] == "codes" and c["last"]]
     assert lasts == [(0, True), (1, False)]
 
 
 def test_engine_refuses_bad_codec_requests(pipeline):
     with pytest.raises(ValueError, match="codec_output"):
-        pipeline.validate({"text": "Hi.", "codec_output": "mp3"})
-    with pytest.raises(ValueError, match="text"):
-        pipeline.validate({"text": None})
+        pipeline.validate(typed_request(SpeakRequest, pipeline=CODEC_PIPELINE, text="Hi.", codec_output="mp3"))
+    with pytest.raises(ValueError, match="text"):  # refused where it is built, as the Redis worker does
+        typed_request(SpeakRequest, pipeline=CODEC_PIPELINE, text=None)
 
 
 def test_engine_refuses_codec_requests_when_the_table_is_bad(monkeypatch):
@@ -436,7 +438,7 @@ def test_engine_refuses_codec_requests_when_the_table_is_bad(monkeypatch):
     refusing = CodecPipeline()
     assert refusing.loops == ()
     with pytest.raises(ValueError, match="the codec is unavailable: codec table x has sha256 0"):
-        refusing.validate({"text": "Hi."})
+        refusing.validate(typed_request(SpeakRequest, pipeline=CODEC_PIPELINE, text="Hi."))
 
 
 # -- faults, on a scheduler of the test's own (in-process) ---------------------------------------------

@@ -14,8 +14,6 @@ import soundfile
 from support.messages import Transcript, is_type, receive_until, receive_until_done, session, speak
 
 from omniweb.conversation import utterance
-from omniweb.engine import client as engine_client
-from omniweb.engine import dispatch
 
 FOX = "The quick brown fox jumps over the lazy dog."
 JUGS = "Pack my box with five dozen liquor jugs."
@@ -37,21 +35,6 @@ def pcm_of(t: Transcript) -> bytes:
     return b"".join(s.audio for s in t.sentences())
 
 
-@pytest.fixture
-def requests_seen(monkeypatch) -> list[dict]:
-    """Records every engine request the sessions send (the real client still serves them)."""
-    seen: list[dict] = []
-    for cls in (engine_client.LocalEngineClient, dispatch.ChannelEngineClient):
-        real = cls.stream
-
-        def spy(self, request, request_id=None, _real=real):
-            seen.append(request)
-            return _real(self, request, request_id)
-
-        monkeypatch.setattr(cls, "stream", spy)
-    return seen
-
-
 # -- 1. the default: one request per flush -----------------------------------------------------------
 async def test_the_flush_is_one_engine_request_split_by_sentence_inside(connect, requests_seen):
     await speak(await session(connect, response_format="wav"), THREE)
@@ -61,7 +44,7 @@ async def test_the_flush_is_one_engine_request_split_by_sentence_inside(connect,
     assert file_request["split"] == stream_request["split"] == "sentence"
     assert file_request["max_frames_scope"] == "request"
     # a file is sent when the flush is whole: it is made as fast as the engine can, not paced
-    assert file_request["paced"] is False and "paced" not in stream_request
+    assert file_request["paced"] is False and stream_request["paced"] is True
 
 
 async def test_default_flush_is_one_request_however_long(connect):

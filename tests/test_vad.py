@@ -16,8 +16,11 @@ import pytest
 import support.engine as engine_support
 from hibari import Hibari
 from scipy.signal import resample_poly
+from support.engine import typed_request
 
-from omniweb.errors import EngineError
+from omniweb.engine.messages import Chunk, End
+from omniweb.engine.requests import EngineRequest, VadRequest
+from omniweb.errors import EngineError, ErrorKind
 from omniweb.vad import SpeechStarted, SpeechStopped, TurnDetector, VadParams, VoiceActivity
 from omniweb.vad_engine import MAX_WINDOWS, STATE_BYTES, WINDOW_BYTES, WINDOW_MS, SileroVad, VadPipeline
 
@@ -150,7 +153,7 @@ def test_the_streaming_state_makes_many_short_calls_equal_one_long_call(model, v
     [
         ({"pcm": b""}, "whole windows"),
         ({"pcm": bytes(WINDOW_BYTES + 2)}, "whole windows"),
-        ({"pcm": "text"}, "whole windows"),
+        ({"pcm": "text"}, "pcm must be bytes"),
         ({"pcm": bytes(WINDOW_BYTES * (MAX_WINDOWS + 1))}, "more than"),
         ({"pcm": bytes(WINDOW_BYTES), "state": b"short"}, "state"),
     ],
@@ -158,7 +161,7 @@ def test_the_streaming_state_makes_many_short_calls_equal_one_long_call(model, v
 def test_the_pipeline_refuses_malformed_requests(request_fields, message):
     pipeline = VadPipeline.__new__(VadPipeline)  # validation needs no model
     with pytest.raises(ValueError, match=message):
-        pipeline.validate({"pipeline": "audio.vad", **request_fields})
+        pipeline.validate(typed_request(VadRequest, **request_fields))
 
 
 # -- the session-side helper, through the engine (in-process and Redis workers) ---------------------
@@ -280,8 +283,8 @@ async def test_reset_forgets_the_turn_in_progress(engine_client, voice):
 
 async def test_an_engine_refusal_reaches_the_caller_as_an_engine_error():
     class Refusing:
-        async def stream(self, request: dict[str, Any], request_id: str | None = None) -> AsyncIterator[dict]:
-            yield {"type": "end", "status": "busy", "kind": "capacity", "message": "server is at capacity"}
+        async def stream(self, request: EngineRequest, request_id: str | None = None) -> AsyncIterator[Chunk]:
+            yield End.failed(ErrorKind.CAPACITY, "server is at capacity")
 
         async def abort(self, request_id: str) -> None:
             return None

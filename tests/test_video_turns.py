@@ -6,6 +6,7 @@ failures without exception text, and disconnects."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import wave
@@ -31,6 +32,9 @@ from support.video import (
 from omniweb import metrics
 from omniweb.engine import client as engine_client
 from omniweb.engine import dispatch
+from omniweb.engine.messages import End, PcmAudio, TextDelta
+from omniweb.engine.requests import AnswerRequest
+from omniweb.errors import ErrorKind
 
 
 def wav_pcm(delta: dict[str, Any]) -> bytes:
@@ -150,19 +154,8 @@ async def test_engine_request_follows_the_contract(connect, requests_seen):
     await comm.send_json_to({"type": "video.query", "text": QUESTION, "audio_data": b64(b"\x02\x00" * 10)})
     await collect_turn(comm)
     [request] = video_requests(requests_seen)
-    assert set(request) == {
-        "pipeline",
-        "question",
-        "audio",
-        "frames",
-        "history",
-        "system_prompt",
-        "modalities",
-        "voice",
-        "model",
-        "timestamps",
-        "admit_budget",
-    }
+    assert request["kind"] == "AnswerRequest"  # the typed request, as the Redis mode sends it
+    assert set(request) == {"kind", *(f.name for f in dataclasses.fields(AnswerRequest))}
     assert request["timestamps"] is True  # the spoken answer's word timings (audio is in the modalities)
     assert request["question"] == QUESTION
     assert request["audio"] == pcm + b"\x02\x00" * 10  # session buffer, then the query's audio
@@ -325,7 +318,7 @@ async def test_disconnect_mid_turn_frees_the_engine(connect):
 
 
 # -- failures -------------------------------------------------------------------------------------
-def break_engine_after(monkeypatch, kind: str) -> None:
+def break_engine_after(monkeypatch, kind: type) -> None:
     """The engine stream breaks after its first ``kind`` chunk with an exception carrying internal text."""
     for cls in (engine_client.LocalEngineClient, dispatch.ChannelEngineClient):
         real = cls.stream
@@ -333,7 +326,7 @@ def break_engine_after(monkeypatch, kind: str) -> None:
         async def broken(self, request, request_id=None, _real=real):
             async for chunk in _real(self, request, request_id):
                 yield chunk
-                if chunk["type"] == kind:
+                if isinstance(chunk, kind):
                     raise RuntimeError("secret internal detail /srv/models")
 
         monkeypatch.setattr(cls, "stream", broken)
@@ -341,11 +334,11 @@ def break_engine_after(monkeypatch, kind: str) -> None:
 
 @pytest.fixture
 def failing_engine(monkeypatch) -> None:
-    break_engine_after(monkeypatch, "text")
+    break_engine_after(monkeypatch, TextDelta)
 
 
 async def test_failure_after_audio_started_still_ends_the_audio(connect, monkeypatch):
-    break_engine_after(monkeypatch, "audio")
+    break_engine_after(monkeypatch, PcmAudio)
     comm = await video(connect)
     await scene_frames(comm)
     await comm.send_json_to({"type": "video.query", "text": QUESTION})
@@ -387,12 +380,7 @@ def busy_engine(monkeypatch) -> None:
     for cls in (engine_client.LocalEngineClient, dispatch.ChannelEngineClient):
 
         async def busy(self, request, request_id=None):
-            yield {
-                "type": "end",
-                "status": "busy",
-                "kind": "capacity",
-                "message": "server is at capacity; retry shortly",
-            }
+            yield End.failed(ErrorKind.CAPACITY, "server is at capacity; retry shortly")
 
         monkeypatch.setattr(cls, "stream", busy)
 

@@ -18,8 +18,11 @@ import cv2
 import numpy as np
 import pytest
 from django.test import override_settings
+from support.engine import typed_request
 from support.upstream import Handler, Upstream, endless, serve, status, stream
 
+from omniweb.engine.messages import Chunk, End, PcmAudio, to_wire
+from omniweb.engine.requests import AnswerRequest, SpeakRequest
 from omniweb.engine.scheduler import Scheduler
 from video.engine.pipeline import PIPELINE, VideoTurnPipeline
 from video.engine.thinkers import Frame, ThinkerError, Turn
@@ -64,12 +67,12 @@ def run_turn(sched: Scheduler, request: dict[str, Any], timeout: float = 20) -> 
     chunks: list[dict[str, Any]] = []
     ended = threading.Event()
 
-    def sink(chunk: dict[str, Any]) -> None:
-        chunks.append(chunk)
-        if chunk["type"] == "end":
+    def sink(chunk: Chunk) -> None:
+        chunks.append(to_wire(chunk))
+        if isinstance(chunk, End):
             ended.set()
 
-    sched.submit(f"r{time.monotonic_ns()}", {"pipeline": PIPELINE, **request}, sink)
+    sched.submit(f"r{time.monotonic_ns()}", typed_request(AnswerRequest, **request), sink)
     assert ended.wait(timeout), [c["type"] for c in chunks]
     return chunks
 
@@ -208,8 +211,8 @@ def test_pipeline_error_mid_answer_keeps_what_was_said(fresh, scheduler):
 def test_abort_frees_the_engine_at_once_and_closes_the_upstream_stream(fresh, scheduler):
     fresh.script = endless
     chunks: list[dict[str, Any]] = []
-    request = {"pipeline": PIPELINE, "question": "q", "frames": [], "modalities": ["text"]}
-    scheduler.submit("long", request, chunks.append)
+    request = AnswerRequest(question="q", modalities=("text",))
+    scheduler.submit("long", request, lambda chunk: chunks.append(to_wire(chunk)))
     deadline = time.monotonic() + 10
     while not any(c["type"] == "text" for c in chunks):
         assert time.monotonic() < deadline
@@ -263,24 +266,24 @@ def test_turns_waiting_on_a_slow_upstream_never_stall_speech_streams(fresh, pipe
     try:
         turns: list[list[dict[str, Any]]] = [[], []]
         for i, chunks in enumerate(turns):
-            request = {"pipeline": PIPELINE, "question": "q", "frames": [], "modalities": ["text"]}
-            sched.submit(f"turn{i}", request, chunks.append)
+            request = AnswerRequest(question="q", modalities=("text",))
+            sched.submit(f"turn{i}", request, lambda chunk, chunks=chunks: chunks.append(to_wire(chunk)))
         time.sleep(0.3)  # both turns are waiting on the upstream now
         arrivals: list[list[tuple[float, float]]] = [[] for _ in range(16)]
         ends: list[threading.Event] = [threading.Event() for _ in range(16)]
 
-        def sink_for(i: int) -> Callable[[dict[str, Any]], None]:
-            def sink(chunk: dict[str, Any]) -> None:
-                if chunk["type"] == "audio":
-                    arrivals[i].append((time.monotonic(), len(chunk["pcm"]) / 2 / 24_000))
-                elif chunk["type"] == "end":
+        def sink_for(i: int) -> Callable[[Chunk], None]:
+            def sink(chunk: Chunk) -> None:
+                if isinstance(chunk, PcmAudio):
+                    arrivals[i].append((time.monotonic(), chunk.seconds))
+                elif isinstance(chunk, End):
                     ends[i].set()
 
             return sink
 
         text = "Streaming speech should never stall. Every listener hears a smooth voice."
         for i in range(16):
-            sched.submit(f"speech{i}", {"pipeline": TTS, "text": text, "seed": i}, sink_for(i))
+            sched.submit(f"speech{i}", SpeakRequest(pipeline=TTS, text=text, seed=i), sink_for(i))
         for done in ends:
             assert done.wait(60)
         for chunks in turns:

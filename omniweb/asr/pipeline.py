@@ -9,17 +9,12 @@ API, a video question, the realtime input and its streaming partials) goes throu
 ``Recognizer``, so their windows batch with each other; no lock is held anywhere: CTranslate2
 takes concurrent calls.
 
-The ``audio.transcribe`` pipeline (request built by the transcription view and the realtime
-session; plain JSON values and bytes, so it also travels to workers)::
-
-    {"pipeline": "audio.transcribe", "audio": bytes (PCM16 LE 16 kHz mono), "prompt": str | None,
-     "temperature": float, "words": bool, "timestamps": bool (default true),
-     "prefix": str | None (text the transcript is made to start with: what streaming already
-     committed, so only the rest is decoded), "priority": "batch" (an upload nobody listens to)}
-
-Chunks: one ``{"type": "segment", "segment": {...}, "words": [...]}`` per decoded segment, in
-order (OpenAI's verbose_json segment fields; words only when asked for), then the scheduler's
-``end`` with ``duration`` (seconds of audio) and ``segments`` (how many).
+The ``audio.transcribe`` pipeline serves ``TranscribeRequest`` (built by the transcription view
+and the conversation core's ``segment_texts``): PCM16 LE 16 kHz mono audio, a prompt, a
+temperature, words and segment times when asked for, and a ``prefix`` (text the transcript is made
+to start with: what streaming already committed, so only the rest is decoded). Chunks: one
+``Segment`` per decoded segment, in order (OpenAI's verbose_json segment fields; words only when
+asked for), then the scheduler's ``End`` with ``duration`` (seconds of audio) and ``segments``.
 """
 
 from __future__ import annotations
@@ -31,6 +26,9 @@ from typing import Any
 import numpy as np
 
 from omniweb.engine.contracts import DONE, Done, ShapeSignature, StepResult, WorkPlan
+from omniweb.engine.messages import End
+from omniweb.engine.messages import Segment as SegmentChunk
+from omniweb.engine.requests import TRANSCRIBE, EngineRequest, TranscribeRequest, expect
 
 from .whisper import (
     MIN_CONTEXT_FRAMES,
@@ -45,7 +43,7 @@ from .whisper import (
     shared_whisper,
 )
 
-PIPELINE = "audio.transcribe"
+PIPELINE = TRANSCRIBE
 LONG_PREPARE_SECONDS = 60.0  # Silero VAD over more audio than this holds a worker for a while
 
 
@@ -223,25 +221,23 @@ class TranscribeLoop:
     def __init__(self, recognizer: Recognizer) -> None:
         self._recognizer = recognizer
 
-    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> TranscribeState:
+    def init(self, request: TranscribeRequest, slots: dict[str, Any]) -> TranscribeState:
         options = Options(
-            timestamps=bool(request.get("timestamps", True)),
-            words=bool(request.get("words")),
-            temperature=float(request.get("temperature") or 0.0),
-            prompt=request.get("prompt") or None,
-            prefix=request.get("prefix") or None,
+            timestamps=request.timestamps,
+            words=request.words,
+            temperature=float(request.temperature),
+            prompt=request.prompt or None,
+            prefix=request.prefix or None,
         )
-        return TranscribeState(self._recognizer.start(request["audio"], options))
+        return TranscribeState(self._recognizer.start(request.audio, options))
 
     def next(self, state: TranscribeState) -> WorkPlan | Done:
         return self._recognizer.plan(state.recognition, "transcriber")
 
     def advance(self, state: TranscribeState, result: StepResult) -> None:
         for segment in self._recognizer.advance(state.recognition, result):
-            chunk: dict[str, Any] = {"type": "segment", "segment": segment_fields(segment, state.count)}
-            if state.recognition.options.words:
-                chunk["words"] = word_fields(segment)
-            result.chunks.append(chunk)
+            words = tuple(word_fields(segment)) if state.recognition.options.words else None
+            result.chunks.append(SegmentChunk(segment.text, segment_fields(segment, state.count), words))
             state.count += 1
 
     def finalize(self, state: TranscribeState) -> dict[str, Any]:
@@ -249,26 +245,20 @@ class TranscribeLoop:
 
 
 class TranscribePipeline:
-    """``{"pipeline": "audio.transcribe", ...}`` on the process's shared Whisper."""
+    """``TranscribeRequest``s on the process's shared Whisper."""
 
     name = PIPELINE
 
     def __init__(self) -> None:
         self.loops = (TranscribeLoop(shared_recognizer()),)
 
-    def validate(self, request: dict[str, Any]) -> None:
-        if not isinstance(request.get("audio"), bytes):
-            raise ValueError("audio must be PCM16 bytes")
-        for name in ("prompt", "prefix"):
-            value = request.get(name)
-            if value is not None and not isinstance(value, str):
-                raise ValueError(f"{name} must be a string")
-        temperature = request.get("temperature", 0.0)
+    def validate(self, request: EngineRequest) -> None:
+        temperature = expect(request, TranscribeRequest).temperature
         if not isinstance(temperature, int | float) or not 0.0 <= temperature <= 1.0:
             raise ValueError("temperature must be a number between 0 and 1")
 
-    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
-        return finals[0]
+    def finish(self, finals: list[dict[str, Any]]) -> End:
+        return End(duration=finals[0]["duration"], segments=finals[0]["segments"])
 
 
 _recognizer: Recognizer | None = None

@@ -1,94 +1,66 @@
-"""Typed engine chunks: the engine's wire dicts become dataclasses here, and nowhere else.
+"""An answer's chunks on its timeline, and the turn's end as the conversation reports it.
 
-The engine's chunks travel as plain dicts (they cross to Redis workers); a consumer should not
-switch on string kinds. ``parse_chunk`` turns one dict into its type (the speech endpoint uses it
-as is); ``ChunkParser`` reads one conversation answer's chunks in order and yields these types.
-It is stateful only for the answer's audio timeline: the talker times each sentence's words from its
-own durations (``speech.text.align_words``, the same timings the speech endpoint sends), relative
-to that sentence; the parser moves them onto the answer's timeline (ms since the answer's first
-audio sample) and hands each word out with the audio chunk in which it starts, so a client can cut
-an answer to exactly the words it heard.
+The engine's chunks are typed where they are made (``omniweb.engine.messages``); this module adds
+what a conversation needs on top. ``ChunkParser`` reads one answer's chunks in order and is stateful
+only for its audio timeline: the talker times each sentence's words from its own durations
+(``speech.text.align_words``, the same timings the speech endpoint sends), relative to that
+sentence; the parser moves them onto the answer's timeline (ms since the answer's first audio
+sample) and hands each word out with the audio chunk in which it starts, so a client can cut an
+answer to exactly the words it heard. ``TurnEnd`` is the engine's ``End`` plus the turn's usage.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
-from omniweb.errors import ErrorKind, end_kind
+from omniweb.engine.messages import (
+    PCM16_BYTES,
+    Chunk,
+    CodecCodes,
+    End,
+    PcmAudio,
+    SentenceEnd,
+    SentenceStart,
+    Status,
+    TextDelta,
+    TextEnd,
+    Transcript,
+    WordTiming,
+)
+from omniweb.errors import ErrorKind
+
+__all__ = [
+    "AudioChunk",
+    "ChunkParser",
+    "CodecCodes",
+    "EngineChunk",
+    "SentenceEnd",
+    "SentenceStart",
+    "TextDelta",
+    "TextEnd",
+    "Transcript",
+    "TurnEnd",
+    "Usage",
+    "WordTiming",
+    "parse_chunk",
+    "parse_end",
+]
 
 OUTPUT_SAMPLE_RATE = 24000  # the talker's PCM16 mono rate
-BYTES_PER_MS = OUTPUT_SAMPLE_RATE * 2 // 1000  # 48
-
-
-@dataclass(frozen=True)
-class WordTiming:
-    """One spoken word, in ms since the start of the answer's audio."""
-
-    word: str
-    start_ms: int
-    end_ms: int
-
-
-@dataclass(frozen=True)
-class Transcript:
-    """What the input audio said (only when the question came from audio; before any text)."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    delta: str
-
-
-@dataclass(frozen=True)
-class TextEnd:
-    """The answer's text is complete (its audio may still follow)."""
-
-
-@dataclass(frozen=True)
-class SentenceStart:
-    """The talker starts speaking sentence ``index``. ``words``: its word timings relative to the
-    sentence's first sample, when the request asked for them (``ChunkParser`` moves them onto the
-    answer's timeline and hands them out with the audio chunks)."""
-
-    index: int
-    text: str
-    words: tuple[WordTiming, ...] = ()
 
 
 @dataclass(frozen=True)
 class AudioChunk:
-    """PCM16 24 kHz mono; ``words``: the words that start within this chunk (may be empty).
-
-    A chunk with empty ``pcm`` only carries words the talker timed past its sentence's last sample.
-    """
+    """One ``PcmAudio`` placed on the answer's timeline; ``words``: the words that start within it
+    (may be empty). A chunk with empty ``pcm`` only carries words the talker timed past its
+    sentence's last sample."""
 
     pcm: bytes
     words: tuple[WordTiming, ...] = ()
     start_ms: float = 0.0  # where ``pcm`` begins on the answer's audio timeline
-
-
-@dataclass(frozen=True)
-class SentenceEnd:
-    """Sentence ``index`` is spoken; ``words`` as on its ``SentenceStart`` (relative to the sentence)."""
-
-    index: int
-    words: tuple[WordTiming, ...] = ()
-
-
-@dataclass(frozen=True)
-class CodecCodes:
-    """A speech codec's packet of codes (``output_mode: "codec_tokens"``): int16 rows, one per frame.
-    ``last``: the sentence's last packet; ``more``: another sentence follows in the same stream."""
-
-    codes: bytes
-    frames: int
-    last: bool
-    more: bool
+    sample_rate: int = OUTPUT_SAMPLE_RATE
 
 
 @dataclass(frozen=True)
@@ -118,13 +90,12 @@ class Usage:
 
 @dataclass(frozen=True)
 class TurnEnd:
-    """The request's last chunk. ``status`` is ``"ok"``, ``"cancelled"`` or a failure (``"error"``,
-    ``"busy"``, ``"invalid"``, ``"unavailable"``); a failure has a ``kind`` and, from the engine, a
-    client-safe ``message`` (None: the adapter says it in its own words). ``text``: the whole answer
+    """The request's last chunk. A failure has a ``kind`` and, from the engine, a client-safe
+    ``message`` (None: the adapter says it in its own words). ``text``: the whole answer
     (the turn runner fills it in from the deltas when the engine sent none; after a failure, what
     was streamed); ``usage`` is filled in by the turn runner."""
 
-    status: str
+    status: Status
     kind: ErrorKind | None = None
     message: str | None = None
     text: str | None = None
@@ -134,55 +105,33 @@ class TurnEnd:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status is Status.OK
 
 
 EngineChunk = Transcript | TextDelta | TextEnd | SentenceStart | AudioChunk | SentenceEnd | CodecCodes | TurnEnd
 
 
-def parse_end(chunk: Mapping[str, Any]) -> TurnEnd:
-    """An engine ``end`` chunk; its text and transcript only when they are strings."""
-    status = str(chunk.get("status"))
-    text = chunk.get("text")
-    transcript = chunk.get("transcript")
-    message = chunk.get("message")
-    rng_state = chunk.get("rng_state")
+def parse_end(end: End) -> TurnEnd:
+    """The engine's ``End`` as the conversation reports it (usage filled in by the turn runner)."""
     return TurnEnd(
-        status=status,
-        kind=None if status == "ok" else end_kind(dict(chunk)),
-        message=message if isinstance(message, str) and message else None,
-        text=text if isinstance(text, str) else None,
-        transcript=transcript if isinstance(transcript, str) else None,
-        rng_state=rng_state if isinstance(rng_state, str) else None,
+        status=end.status,
+        kind=None if end.ok else end.error_kind(),
+        message=end.message or None,
+        text=end.text,
+        transcript=end.transcript,
+        rng_state=end.rng_state,
     )
 
 
-def _words(timestamps: Any) -> tuple[WordTiming, ...]:
-    return tuple(WordTiming(str(w["word"]), int(w["start_ms"]), int(w["end_ms"])) for w in timestamps or ())
-
-
-def parse_chunk(chunk: Mapping[str, Any]) -> EngineChunk | None:
-    """One engine chunk as its type (None: a kind no endpoint uses). Word timings stay relative to
-    their sentence; ``AudioChunk.start_ms`` is 0 (``ChunkParser`` places both on a timeline)."""
-    kind = chunk.get("type")
-    if kind == "text":
-        return TextDelta(str(chunk.get("delta") or ""))
-    if kind == "text.end":
-        return TextEnd()
-    if kind == "transcript":
-        return Transcript(str(chunk.get("text") or ""))
-    if kind == "sentence.start":
-        index = int(chunk.get("sentence_index", 0))
-        return SentenceStart(index, str(chunk.get("text") or ""), _words(chunk.get("timestamps")))
-    if kind == "audio":
-        return AudioChunk(chunk.get("pcm") or b"")
-    if kind == "sentence.end":
-        return SentenceEnd(int(chunk.get("sentence_index", 0)), _words(chunk.get("timestamps")))
-    if kind == "codes":
-        codes = chunk.get("codes") or b""
-        return CodecCodes(codes, int(chunk.get("frames", 0)), bool(chunk.get("last")), bool(chunk.get("more")))
-    if kind == "end":
+def parse_chunk(chunk: Chunk) -> EngineChunk | None:
+    """One engine chunk as a conversation sees it (None: a kind no conversation uses). Word timings
+    stay relative to their sentence; ``AudioChunk.start_ms`` is 0 (``ChunkParser`` places both)."""
+    if isinstance(chunk, End):
         return parse_end(chunk)
+    if isinstance(chunk, PcmAudio):
+        return AudioChunk(chunk.pcm, sample_rate=chunk.sample_rate)
+    if isinstance(chunk, Transcript | TextDelta | TextEnd | SentenceStart | SentenceEnd | CodecCodes):
+        return chunk
     return None
 
 
@@ -190,17 +139,13 @@ class ChunkParser:
     """One engine request's chunks in order → typed chunks (``feed`` returns zero or more)."""
 
     def __init__(self) -> None:
-        self.audio_bytes = 0  # PCM of the answer so far
+        self.audio_ms = 0.0  # the answer's audio so far
         self._words: deque[WordTiming] = deque()  # this sentence's words not yet handed out
 
-    @property
-    def audio_ms(self) -> float:
-        return self.audio_bytes / BYTES_PER_MS
-
-    def feed(self, chunk: Mapping[str, Any]) -> list[EngineChunk]:
+    def feed(self, chunk: Chunk) -> list[EngineChunk]:
         return list(self._parse(chunk))
 
-    def _parse(self, raw: Mapping[str, Any]) -> Iterator[EngineChunk]:
+    def _parse(self, raw: Chunk) -> Iterator[EngineChunk]:
         chunk = parse_chunk(raw)
         if isinstance(chunk, SentenceStart):
             offset = self.audio_ms
@@ -209,8 +154,8 @@ class ChunkParser:
             )
         elif isinstance(chunk, AudioChunk):
             start = self.audio_ms
-            self.audio_bytes += len(chunk.pcm)
-            chunk = AudioChunk(chunk.pcm, self._words_before(self.audio_ms), start)
+            self.audio_ms += len(chunk.pcm) / PCM16_BYTES / chunk.sample_rate * 1000.0
+            chunk = AudioChunk(chunk.pcm, self._words_before(self.audio_ms), start, chunk.sample_rate)
         elif isinstance(chunk, SentenceEnd) and self._words:
             yield AudioChunk(b"", tuple(self._words), self.audio_ms)
             self._words.clear()

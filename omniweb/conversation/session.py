@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from omniweb.engine.client import EngineClient
+from omniweb.engine.messages import Status
 from omniweb.errors import ErrorKind
 from omniweb.tasks import spawn
 
@@ -185,7 +186,7 @@ class Conversation:
         except Exception:
             logger.exception("turn %s failed", turn.request_id)
             if not turn.interrupted:
-                await emit(turn, TurnEnd("error", ErrorKind.ENGINE))
+                await emit(turn, TurnEnd(Status.ERROR, ErrorKind.ENGINE))
         finally:
             if self.turn is turn:
                 self.turn = None

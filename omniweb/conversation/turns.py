@@ -20,12 +20,13 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from omniweb.engine.client import EngineClient
+from omniweb.engine.messages import Status
+from omniweb.engine.requests import AnswerRequest, FrameIn, HistoryEntry
 from omniweb.errors import ErrorKind
 
 from .chunks import ChunkParser, EngineChunk, TextDelta, Transcript, TurnEnd, Usage
 from .frames import BufferedFrame, FrameBuffer, FrameSelection
 
-PIPELINE = "video.turn"
 MODALITIES = ("text", "audio")
 INPUT_SAMPLE_RATE = 16000  # the question's PCM16 mono audio
 _TOKEN = re.compile(r"\w+|[^\w\s]")
@@ -86,25 +87,21 @@ class NoUsableFrames:
 TurnEvent = FramesSelected | NoUsableFrames | EngineChunk
 
 
-def engine_request(spec: TurnSpec, frames: Sequence[BufferedFrame]) -> dict[str, object]:
-    """The ``video.turn`` request (video/engine/pipeline.py documents its fields)."""
-    request: dict[str, object] = {
-        "pipeline": PIPELINE,
-        "question": spec.question.text,
-        "audio": spec.question.audio,
-        "frames": [{"frame_id": f.frame_id, "data": f.data, "pts_ms": f.pts_ms} for f in frames],
-        "history": [dict(h) for h in spec.history],
-        "system_prompt": spec.instructions,
-        "modalities": list(spec.modalities),
-        "voice": spec.voice,
-        "model": spec.model,
-        "timestamps": "audio" in spec.modalities,  # word timings ride the audio (truncation, captions)
-    }
-    if spec.question.transcribe:
-        request["transcribe"] = True
-    if spec.admit_budget is not None:
-        request["admit_budget"] = spec.admit_budget
-    return request
+def engine_request(spec: TurnSpec, frames: Sequence[BufferedFrame]) -> AnswerRequest:
+    """The turn's engine request: the question, the frames it looks at, the conversation so far."""
+    return AnswerRequest(
+        question=spec.question.text,
+        audio=spec.question.audio,
+        frames=tuple(FrameIn(data=f.data, frame_id=f.frame_id, pts_ms=f.pts_ms) for f in frames),
+        history=tuple(HistoryEntry(role=h["role"], content=h["content"]) for h in spec.history),
+        system_prompt=spec.instructions,
+        modalities=tuple(spec.modalities),
+        voice=spec.voice,
+        model=spec.model,
+        timestamps="audio" in spec.modalities,  # word timings ride the audio (truncation, captions)
+        transcribe=spec.question.transcribe,
+        admit_budget=spec.admit_budget,
+    )
 
 
 def count_text_tokens(text: str) -> int:
@@ -158,4 +155,4 @@ async def run_turn(engine: EngineClient, spec: TurnSpec) -> AsyncIterator[TurnEv
                     )
                     return
                 yield chunk
-    yield TurnEnd("error", ErrorKind.ENGINE, text="".join(text))  # the stream ended without its end
+    yield TurnEnd(Status.ERROR, ErrorKind.ENGINE, text="".join(text))  # the stream ended without its end

@@ -22,14 +22,16 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from dataclasses import replace
 
 from omniweb.engine.client import EngineClient
+from omniweb.engine.messages import Status
+from omniweb.engine.requests import SpeakRequest
 
 from .chunks import EngineChunk, TurnEnd, parse_chunk
 from .frames import BufferedFrame
 
-Request = Callable[[Sequence[str]], dict[str, Any]]  # the next pieces → their engine request
+Request = Callable[[Sequence[str]], SpeakRequest]  # the next pieces → their engine request
 
 
 class SpeechTurn:
@@ -101,19 +103,19 @@ class SpeechTurn:
                 return
             self.rng_state = end.rng_state
         self.finished = True
-        yield TurnEnd("ok", rng_state=self.rng_state)
+        yield TurnEnd(Status.OK, rng_state=self.rng_state)
 
     async def _stream(self, engine: EngineClient, pieces: Sequence[str]) -> AsyncIterator[EngineChunk]:
         """One request's typed chunks, its ``TurnEnd`` last; closing early aborts the request."""
         request = self._request(pieces)
         if self.rng_state is not None:
-            request["rng_state"] = self.rng_state
+            request = replace(request, rng_state=self.rng_state)
         self.request_id = uuid.uuid4().hex
         self._activity()
         try:
             async with contextlib.aclosing(engine.stream(request, self.request_id)) as stream:
                 async for raw in stream:
-                    chunk = parse_chunk(raw)  # the engine's dicts become types in one place
+                    chunk = parse_chunk(raw)
                     if chunk is not None:
                         yield chunk
                     if isinstance(chunk, TurnEnd):

@@ -1,7 +1,8 @@
 """The only door from the transport layer into the engine: submit a request, stream its chunks, abort.
 
-Requests and chunks are plain messages (dicts of JSON values and bytes), never shared objects, so
-the same interface can later run over a channel layer to workers on other machines.
+Requests (``omniweb.engine.requests``) and chunks (``omniweb.engine.messages``) are frozen
+dataclasses of plain values and bytes, never shared state, so the same interface runs over a channel
+layer to workers on other machines (``dispatch.ChannelEngineClient``, which serializes them there).
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Protocol
 
-from omniweb.errors import CAPACITY_MESSAGE, ErrorKind, engine_end
+from omniweb.errors import CAPACITY_MESSAGE, ErrorKind
 
+from .messages import Chunk, End
+from .requests import EngineRequest
 from .scheduler import AdmissionError, Scheduler, Sink
 from .tenants import RESERVATION, with_tenant
 
@@ -23,33 +26,22 @@ MAX_REQUEST_BYTES = 64 * 1024 * 1024  # a request's bytes in all (frames, audio)
 REQUEST_TOO_LARGE = "request too large for the engine: over 64 MiB of frames and audio in one request"
 
 
-def request_bytes(value: Any) -> int:
-    """The byte strings a request carries (frames, audio), in all: what ``MAX_REQUEST_BYTES`` bounds."""
-    if isinstance(value, bytes | bytearray):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(request_bytes(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(request_bytes(v) for v in value)
-    return 0
-
-
 class EngineClient(Protocol):
-    def stream(self, request: dict[str, Any], request_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
-        """Yield the request's chunks; the last one has ``type == "end"`` and a ``status``."""
+    def stream(self, request: EngineRequest, request_id: str | None = None) -> AsyncIterator[Chunk]:
+        """Yield the request's chunks; the last one is its ``End``."""
         ...
 
     async def abort(self, request_id: str) -> None: ...
 
 
-def admission_end(exc: AdmissionError) -> dict[str, Any]:
-    """The ``end`` chunk of a request the scheduler refused (full, starting, failed, not running)."""
+def admission_end(exc: AdmissionError) -> End:
+    """The ``End`` of a request the scheduler refused (full, starting, failed, not running)."""
     if exc.kind is ErrorKind.CAPACITY:
-        extra = {} if exc.retry_after is None else {"retry_after": round(exc.retry_after, 3)}
-        return engine_end(ErrorKind.CAPACITY, CAPACITY_MESSAGE, **extra)
+        retry = None if exc.retry_after is None else round(exc.retry_after, 3)
+        return End.failed(ErrorKind.CAPACITY, CAPACITY_MESSAGE, retry_after=retry)
     if exc.kind in (ErrorKind.STARTING, ErrorKind.UNAVAILABLE):
-        return engine_end(exc.kind, str(exc))
-    return engine_end(exc.kind, "engine unavailable")
+        return End.failed(exc.kind, str(exc))
+    return End.failed(exc.kind, "engine unavailable")
 
 
 class LocalEngineClient:
@@ -59,7 +51,7 @@ class LocalEngineClient:
         self._scheduler = scheduler
         self._ready_wait = ready_wait  # seconds a request waits for its pipeline's models to load
 
-    async def _submit(self, rid: str, request: dict[str, Any], sink: Sink) -> None:
+    async def _submit(self, rid: str, request: EngineRequest, sink: Sink) -> None:
         """Submit; while the request's models are still loading, wait up to ``ready_wait`` for them
         (polled on the event loop: no thread is held per waiting client), then let it be refused."""
         deadline = asyncio.get_running_loop().time() + self._ready_wait
@@ -72,16 +64,16 @@ class LocalEngineClient:
                     raise
             await asyncio.sleep(READY_POLL_SECONDS)
 
-    async def stream(self, request: dict[str, Any], request_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, request: EngineRequest, request_id: str | None = None) -> AsyncIterator[Chunk]:
         rid = request_id or uuid.uuid4().hex
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        queue: asyncio.Queue[Chunk] = asyncio.Queue()
 
-        def sink(chunk: dict[str, Any]) -> None:
+        def sink(chunk: Chunk) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, chunk)
 
-        if request_bytes(request) > MAX_REQUEST_BYTES:  # the Redis mode's limit, enforced here too
-            yield engine_end(ErrorKind.CLIENT, REQUEST_TOO_LARGE)
+        if request.byte_size() > MAX_REQUEST_BYTES:  # the Redis mode's limit, enforced here too
+            yield End.failed(ErrorKind.CLIENT, REQUEST_TOO_LARGE)
             return
         try:
             await self._submit(rid, with_tenant(request), sink)
@@ -89,13 +81,13 @@ class LocalEngineClient:
             yield admission_end(exc)
             return
         except ValueError as exc:
-            yield engine_end(ErrorKind.CLIENT, str(exc))
+            yield End.failed(ErrorKind.CLIENT, str(exc))
             return
         ended = False
         try:
             while True:
                 chunk = await queue.get()
-                if chunk["type"] == "end":
+                if isinstance(chunk, End):
                     ended = True
                 yield chunk
                 if ended:

@@ -12,6 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from .messages import Chunk, End
+from .requests import EngineRequest
+
 StateT = TypeVar("StateT")
 
 
@@ -28,7 +31,7 @@ class StepResult:
     """A step's output for ``advance`` plus the stream chunks it produced for the client."""
 
     output: Any = None
-    chunks: list[dict[str, Any]] = field(default_factory=list)
+    chunks: list[Chunk] = field(default_factory=list)
     media_seconds: float = 0.0  # playable media the chunks carry: drives deadline-first ordering
 
 
@@ -102,7 +105,7 @@ class Loop(Protocol, Generic[StateT]):
 
     name: str
 
-    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> StateT: ...
+    def init(self, request: Any, slots: dict[str, Any]) -> StateT: ...
 
     def next(self, state: StateT) -> WorkPlan | Done | Waiting | WaitFor: ...
 
@@ -132,17 +135,12 @@ class Pipeline(Protocol):
     name: str
     loops: Sequence[Loop[Any]]
 
-    def validate(self, request: dict[str, Any]) -> None:
-        """Raise ``ValueError`` with a client-safe message when the request cannot be served."""
+    def validate(self, request: EngineRequest) -> None:
+        """Raise ``ValueError`` with a client-safe message when the request cannot be served (not
+        this pipeline's request type, a value out of range)."""
         ...
 
-    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
-        """Fold the loops' finalize results into the fields of the request's final chunk."""
+    def finish(self, finals: list[dict[str, Any]]) -> End:
+        """Fold the loops' finalize results into the request's ``End`` (``Status.OK``, or a
+        failure the loops recorded, e.g. the upstream thinker's)."""
         ...
-
-
-def own_admit_budget(request: dict[str, Any]) -> float | None:
-    """The request's own admission budget (``admit_budget``, seconds: a conversation's turn, whose
-    speaker already waits in the session), or None when it has none and the engine's applies."""
-    own = request.get("admit_budget")
-    return float(own) if isinstance(own, int | float) and own > 0 else None

@@ -25,11 +25,13 @@ from typing import Any
 import msgpack
 from channels.exceptions import ChannelFull
 
-from omniweb.errors import CAPACITY_MESSAGE, ErrorKind, engine_end
+from omniweb.errors import CAPACITY_MESSAGE, ErrorKind
 from omniweb.tasks import spawn
 
-from .client import MAX_REQUEST_BYTES, REQUEST_TOO_LARGE, request_bytes
-from .contracts import own_admit_budget
+from .client import MAX_REQUEST_BYTES, REQUEST_TOO_LARGE
+from .messages import Chunk, End, from_wire
+from .requests import EngineRequest
+from .requests import to_wire as request_to_wire
 from .tenants import with_tenant
 
 logger = logging.getLogger(__name__)
@@ -49,15 +51,6 @@ BLOB_GRACE_SECONDS = 30.0  # keys outlive the accept timeout by this much, then 
 
 def message_size(message: dict[str, Any]) -> int:
     return len(msgpack.packb(message, use_bin_type=True))
-
-
-def split_for_layer(chunk: dict[str, Any], limit: int = AUDIO_SPLIT_BYTES) -> list[dict[str, Any]]:
-    """Audio chunks larger than ``limit`` become several consecutive audio chunks."""
-    pcm = chunk.get("pcm")
-    if chunk.get("type") != "audio" or not isinstance(pcm, bytes) or len(pcm) <= limit:
-        return [chunk]
-    step = limit - limit % 2  # whole 16-bit samples
-    return [{**chunk, "pcm": pcm[i : i + step]} for i in range(0, len(pcm), step)]
 
 
 def offload_blobs(request: dict[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -130,31 +123,31 @@ class ChannelEngineClient:
         self._owners: dict[str, str | None] = {}
         self._abort_requested: set[str] = set()
 
-    async def stream(self, request: dict[str, Any], request_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, request: EngineRequest, request_id: str | None = None) -> AsyncIterator[Chunk]:
         rid = request_id or uuid.uuid4().hex
-        if request_bytes(request) > MAX_REQUEST_BYTES:  # as LocalEngineClient: one limit, both modes
-            yield engine_end(ErrorKind.CLIENT, REQUEST_TOO_LARGE)
+        if request.byte_size() > MAX_REQUEST_BYTES:  # as LocalEngineClient: one limit, both modes
+            yield End.failed(ErrorKind.CLIENT, REQUEST_TOO_LARGE)
             return
-        if self._room is not None and request.get("priority") != "batch":
-            retry = await self._room(str(request.get("pipeline", "")), own_admit_budget(request))
+        if self._room is not None and not request.batch:
+            retry = await self._room(request.pipeline, request.own_admit_budget)
             if retry is not None:
-                yield engine_end(ErrorKind.CAPACITY, CAPACITY_MESSAGE, retry_after=round(retry, 3))
+                yield End.failed(ErrorKind.CAPACITY, CAPACITY_MESSAGE, retry_after=round(retry, 3))
                 return
         blobs: dict[str, bytes] = {}
-        request = with_tenant(request)
+        wire = request_to_wire(with_tenant(request))
         if self._redis_url:
-            request, blobs = offload_blobs(request, f"{BLOB_KEY_PREFIX}{rid}:")
+            wire, blobs = offload_blobs(wire, f"{BLOB_KEY_PREFIX}{rid}:")
         reply = await self._layer.new_channel()  # same Redis list as the consumer's own channel: one reader serves both
         submit = {
             "type": "engine.submit",
             "request_id": rid,
-            "request": request,
+            "request": wire,
             "reply_to": reply,
             "sent_at": time.time(),
             "accept_timeout": self._accept_timeout,
         }
         if message_size(submit) > MAX_MESSAGE_BYTES:
-            yield engine_end(ErrorKind.CLIENT, "request too large for the engine channel")
+            yield End.failed(ErrorKind.CLIENT, "request too large for the engine channel")
             return
         self._owners[rid] = None  # from here on an abort is remembered until the owner is known
         ended = False
@@ -165,12 +158,12 @@ class ChannelEngineClient:
                 await self._layer.send(self._channel, submit)
             except ChannelFull:
                 ended = True
-                yield engine_end(ErrorKind.CAPACITY, CAPACITY_MESSAGE)
+                yield End.failed(ErrorKind.CAPACITY, CAPACITY_MESSAGE)
                 return
             except Exception:
                 logger.exception("cannot reach the channel layer to submit %s", rid)
                 ended = True
-                yield engine_end(ErrorKind.UNREACHABLE, ENGINE_UNREACHABLE)  # nothing started: retryable
+                yield End.failed(ErrorKind.UNREACHABLE, ENGINE_UNREACHABLE)  # nothing started: retryable
                 return
             timeout = self._accept_timeout
             while True:
@@ -182,14 +175,14 @@ class ChannelEngineClient:
                     # ``ended`` stays False: the finally block still sends the abort, so a worker that
                     # was only paused stops this request when it resumes instead of generating on.
                     yield (
-                        engine_end(ErrorKind.WORKER_LOST, "engine worker lost")
+                        End.failed(ErrorKind.WORKER_LOST, "engine worker lost")
                         if lost
-                        else engine_end(ErrorKind.UNREACHABLE, "no engine worker available")
+                        else End.failed(ErrorKind.UNREACHABLE, "no engine worker available")
                     )
                     return
                 except Exception:
                     logger.exception("channel layer failed while streaming %s", rid)
-                    yield engine_end(ErrorKind.UNREACHABLE, ENGINE_CONNECTION_LOST)  # the abort below is best effort
+                    yield End.failed(ErrorKind.UNREACHABLE, ENGINE_CONNECTION_LOST)  # the abort below is best effort
                     return
                 if msg.get("request_id") != rid:
                     continue
@@ -200,8 +193,8 @@ class ChannelEngineClient:
                     if rid in self._abort_requested:
                         await self._send_abort(rid, msg["owner"])
                 elif kind == "engine.chunk":
-                    chunk = msg["chunk"]
-                    if chunk["type"] == "end":
+                    chunk = from_wire(msg["chunk"])
+                    if isinstance(chunk, End):
                         ended = True
                     yield chunk
                     if ended:

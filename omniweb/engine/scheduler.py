@@ -24,22 +24,22 @@ from omniweb.errors import (
     STARTING_MESSAGE,
     EngineError,
     ErrorKind,
-    engine_end,
     kind_of,
     unavailable_message,
 )
 
-from .contracts import DONE, WAITING, Loop, Pipeline, StepResult, WaitFor, WorkPlan, own_admit_budget
+from .contracts import DONE, WAITING, Loop, Pipeline, StepResult, WaitFor, WorkPlan
+from .messages import CANCELLED, Chunk, End
+from .requests import EngineRequest
 
 logger = logging.getLogger(__name__)
 
-Sink = Callable[[dict[str, Any]], None]
+Sink = Callable[[Chunk], None]
 STREAM_GUARD = 0.1  # seconds: a playing stream this close to running dry outranks any new request
-# A request's ``priority``: "batch" (a client writing a file, not listening) is never paced, only
-# gets a worker when no real-time ("realtime", the default) work is ready, never takes the last free
-# worker (with two or more), and waits while a real-time request is still before its first audio, so
-# a real-time arrival neither waits for a batch step nor shares the machine with new ones.
-BATCH_PRIORITY = "batch"
+# A request of ``Priority.BATCH`` (a client writing a file, not listening) is never paced, only
+# gets a worker when no real-time work is ready, never takes the last free worker (with two or
+# more), and waits while a real-time request is still before its first audio, so a real-time
+# arrival neither waits for a batch step nor shares the machine with new ones.
 MAX_INSTANT_WAKES = 8  # a WaitFor woken at once this many times in a row without a plan is a loop bug
 COST_SMOOTHING = 0.2  # weight of the newest sample in a pipeline's measured costs (an EWMA)
 SLOWDOWN_MIN_WAIT = 0.25  # seconds: shorter estimated waits (an idle engine) say nothing of contention
@@ -131,7 +131,7 @@ class _Entry:
 @dataclass(eq=False)
 class _Job:
     request_id: str
-    request: dict[str, Any]
+    request: EngineRequest
     pipeline: Pipeline
     sink: Sink
     submitted_at: float = field(default_factory=time.monotonic)
@@ -156,9 +156,8 @@ class _Job:
     stale: bool = True
 
     def __post_init__(self) -> None:
-        self.batch = self.request.get("priority") == BATCH_PRIORITY
-        tenant = self.request.get("tenant")
-        self.tenant = tenant if isinstance(tenant, str) and tenant else None
+        self.batch = self.request.batch
+        self.tenant = self.request.tenant or None
 
     def first_deadline(self, first_media_budget: float) -> float:
         """Where its first media is aimed (before the stream guard): the order new requests start in."""
@@ -196,7 +195,7 @@ class _Job:
         """When an emitting step may run if the stream is paced ``max_ahead`` seconds ahead of its listener."""
         if max_ahead <= 0 or not plan.emits or self.first_media_at is None or self.batch:
             return None
-        if self.request.get("paced") is False:  # nobody listens while it is made (e.g. one file per flush)
+        if not self.request.paced:  # nobody listens while it is made (e.g. one file per flush)
             return None
         return self.first_media_at + self.media_seconds - max_ahead
 
@@ -299,7 +298,7 @@ class Scheduler:
             self._cond.notify_all()
         for job in jobs:
             self._release(job)
-            self._emit(job, engine_end(ErrorKind.ENGINE, "engine stopped"))
+            self._emit(job, End.failed(ErrorKind.ENGINE, "engine stopped"))
         for t in self._threads:
             t.join(timeout=5)
         self._threads = []
@@ -337,12 +336,14 @@ class Scheduler:
         return "failed" if name in self._failed else None
 
     # -- requests -------------------------------------------------------------------------------
-    def submit(self, request_id: str, request: dict[str, Any], sink: Sink, reservation: int | None = None) -> None:
+    def submit(self, request_id: str, request: EngineRequest, sink: Sink, reservation: int | None = None) -> None:
         """Admit a request or raise ``AdmissionError`` (full, starting, unavailable) / ``ValueError``.
 
         ``reservation`` (from ``reserve``): the front door already admitted it; it is not shed again.
         """
-        name = request.get("pipeline", "")
+        if not isinstance(request, EngineRequest):
+            raise ValueError(f"not an engine request: {type(request).__name__}")
+        name = request.pipeline
         with self._cond:
             pipeline = self._pipelines.get(name)
             state = None if pipeline is not None else self._state_of(name)
@@ -351,10 +352,10 @@ class Scheduler:
         if state == "failed":
             raise AdmissionError(unavailable_message(name), ErrorKind.UNAVAILABLE)
         if pipeline is None:
-            raise ValueError(f"unknown pipeline {request.get('pipeline')!r}")
+            raise ValueError(f"unknown pipeline {name!r}")
         pipeline.validate(request)
         job = _Job(request_id=request_id, request=request, pipeline=pipeline, sink=sink)
-        own = own_admit_budget(request) if self._admit_budget > 0 else None
+        own = request.own_admit_budget if self._admit_budget > 0 else None
         job.turn = own is not None
         job.admit_budget = self._admit_budget if own is None else own
         with self._cond:
@@ -387,7 +388,7 @@ class Scheduler:
             self._promote()
             self._cond.notify_all()
         self._release(job)
-        self._emit(job, {"type": "end", "status": "cancelled"})
+        self._emit(job, CANCELLED)
         return True
 
     def stats(self) -> SchedulerStats:
@@ -545,7 +546,7 @@ class Scheduler:
             job.finished = True
             self._active.pop(job.request_id, None)
             self._release(job)
-            self._emit(job, engine_end(ErrorKind.CAPACITY, CAPACITY_MESSAGE, retry_after=1.0))
+            self._emit(job, End.failed(ErrorKind.CAPACITY, CAPACITY_MESSAGE, retry_after=1.0))
         if late:
             self._promote()
 
@@ -592,7 +593,7 @@ class Scheduler:
         except Exception:
             logger.exception("init failed for request %s", job.request_id)
             job.finished = True
-            self._emit(job, engine_end(ErrorKind.ENGINE, "request could not be started"))
+            self._emit(job, End.failed(ErrorKind.ENGINE, "request could not be started"))
             return
         self._active[job.request_id] = job
         self._finish_if_done(job)  # a request with nothing to do (blank text) ends at once
@@ -759,7 +760,7 @@ class Scheduler:
                 self._fail(job)
             return
         try:
-            final = job.pipeline.finish([e.loop.finalize(e.state) for e in job.entries])
+            end = job.pipeline.finish([e.loop.finalize(e.state) for e in job.entries])
         except Exception as exc:
             logger.exception("finalize failed for request %s", job.request_id)
             self._fail(job, kind_of(exc))
@@ -768,7 +769,7 @@ class Scheduler:
         self._active.pop(job.request_id, None)
         self._learn_costs(job)
         self._promote()
-        self._emit(job, {"type": "end", "status": "ok", **final})
+        self._emit(job, end)
 
     def _learn_costs(self, job: _Job) -> None:
         """A finished request's measured costs: all its work when it made no media (a transcription),
@@ -787,7 +788,7 @@ class Scheduler:
         self._active.pop(job.request_id, None)
         self._promote()
         self._release(job)
-        self._emit(job, engine_end(kind, message))
+        self._emit(job, End.failed(kind, message))
 
     @staticmethod
     def _release(job: _Job) -> None:
@@ -802,7 +803,7 @@ class Scheduler:
                 logger.exception("release failed for request %s in %s", job.request_id, entry.loop.name)
 
     @staticmethod
-    def _emit(job: _Job, chunk: dict[str, Any]) -> None:
+    def _emit(job: _Job, chunk: Chunk) -> None:
         try:
             job.sink(chunk)
         except Exception:  # a sink whose session is gone must not take a worker down

@@ -10,16 +10,18 @@ Pure: no Django, no Channels.
 from __future__ import annotations
 
 from contextvars import ContextVar
-from typing import Any
+from dataclasses import replace
+
+from .requests import EngineRequest
 
 # None: every request stands alone (tests, internal callers).
 TENANT: ContextVar[str | None] = ContextVar("omniweb_engine_tenant", default=None)
 RESERVATION: ContextVar[int | None] = ContextVar("omniweb_engine_reservation", default=None)
 
 
-def with_tenant(request: dict[str, Any]) -> dict[str, Any]:
+def with_tenant(request: EngineRequest) -> EngineRequest:
     """The request with this context's tenant, unless it names one (or there is none)."""
     tenant = TENANT.get()
-    if tenant is None or "tenant" in request:
+    if tenant is None or request.tenant is not None:
         return request
-    return {**request, "tenant": tenant}
+    return replace(request, tenant=tenant)

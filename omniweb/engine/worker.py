@@ -25,12 +25,13 @@ from channels.exceptions import ChannelFull
 from channels.worker import Worker
 from django.conf import settings
 
-from omniweb.errors import ErrorKind, engine_end
+from omniweb.errors import ErrorKind
 from omniweb.metrics import WORKER_KEY_PREFIX, engine_record, serve_worker_metrics
 from omniweb.tasks import spawn
 
 from .client import admission_end
 from .dispatch import (
+    AUDIO_SPLIT_BYTES,
     CLAIM_KEY_PREFIX,
     CLAIM_SECONDS,
     HEARTBEAT_SECONDS,
@@ -38,8 +39,9 @@ from .dispatch import (
     blob_keys,
     restore_blobs,
     send_with_retry,
-    split_for_layer,
 )
+from .messages import Chunk, End, split_audio, to_wire
+from .requests import from_wire as request_from_wire
 from .runtime import engine_status, get_scheduler, start_engine
 from .scheduler import AdmissionError
 
@@ -101,30 +103,30 @@ class EngineWorkerConsumer(AsyncConsumer):
             logger.info("request %s is already served by another worker", rid)
             return
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        queue: asyncio.Queue[Chunk] = asyncio.Queue()
 
-        def sink(chunk: dict[str, Any]) -> None:
+        def sink(chunk: Chunk) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, chunk)
 
         scheduler = get_scheduler()
         try:
-            request = await self.take_blobs(message["request"])
+            wire = await self.take_blobs(message["request"])
         except Exception:  # Redis failing under us: the client hears about it, the worker lives on
             logger.exception("request %s: cannot read its data from Redis", rid)
-            request = None
+            wire = None
         try:
-            if request is None:  # not the client's fault: the layer between us lost or refused it
+            if wire is None:  # not the client's fault: the layer between us lost or refused it
                 queue.put_nowait(
-                    engine_end(
+                    End.failed(
                         ErrorKind.UNREACHABLE, "request data could not be read (expired or Redis unavailable); retry"
                     )
                 )
             else:
-                scheduler.submit(rid, request, sink)
+                scheduler.submit(rid, request_from_wire(wire), sink)
         except AdmissionError as exc:
             queue.put_nowait(admission_end(exc))
         except ValueError as exc:
-            queue.put_nowait(engine_end(ErrorKind.CLIENT, str(exc)))
+            queue.put_nowait(End.failed(ErrorKind.CLIENT, str(exc)))
         task = spawn(self._forward(rid, reply, queue), f"engine request {rid} forwarder")
         _forwarders.add(task)  # keep a reference until it is done
         task.add_done_callback(_forwarders.discard)
@@ -132,7 +134,7 @@ class EngineWorkerConsumer(AsyncConsumer):
     async def engine_abort(self, message: dict[str, Any]) -> None:
         get_scheduler().abort(message["request_id"])
 
-    async def _forward(self, rid: str, reply: str, queue: asyncio.Queue[dict[str, Any]]) -> None:
+    async def _forward(self, rid: str, reply: str, queue: asyncio.Queue[Chunk]) -> None:
         """Accept, then relay chunks (heartbeats in between) until the request's end chunk."""
         patience = settings.ENGINE_SEND_PATIENCE
         try:
@@ -145,7 +147,7 @@ class EngineWorkerConsumer(AsyncConsumer):
             last_sent = time.monotonic()
             while True:
                 try:
-                    chunk: dict[str, Any] | None = await asyncio.wait_for(queue.get(), HEARTBEAT_SECONDS)
+                    chunk: Chunk | None = await asyncio.wait_for(queue.get(), HEARTBEAT_SECONDS)
                 except TimeoutError:
                     chunk = None
                 if time.monotonic() - last_sent > settings.ENGINE_LEASE_SECONDS:
@@ -159,12 +161,11 @@ class EngineWorkerConsumer(AsyncConsumer):
                     )
                     last_sent = time.monotonic()
                     continue
-                for part in split_for_layer(chunk):
-                    await send_with_retry(
-                        self.channel_layer, reply, {"type": "engine.chunk", "request_id": rid, "chunk": part}, patience
-                    )
+                for part in split_audio(chunk, AUDIO_SPLIT_BYTES):
+                    message = {"type": "engine.chunk", "request_id": rid, "chunk": to_wire(part)}
+                    await send_with_retry(self.channel_layer, reply, message, patience)
                 last_sent = time.monotonic()
-                if chunk["type"] == "end":
+                if isinstance(chunk, End):
                     return
         except ChannelFull:
             logger.error("request %s: reply channel full for %.1f s; aborting it", rid, patience)

@@ -29,14 +29,13 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from hibari import dsp
 
 from omniweb import auth, metrics
-from omniweb.asr.pipeline import PIPELINE as TRANSCRIBE_PIPELINE
 from omniweb.asr.whisper import SAMPLE_RATE as ENGINE_RATE
+from omniweb.engine.messages import Chunk, End, PcmAudio, Segment, Status
+from omniweb.engine.requests import SPEECH, Priority, TranscribeRequest
 from omniweb.engine.runtime import get_engine_client, loaded_engine_client
-from omniweb.engine.scheduler import BATCH_PRIORITY
-from omniweb.errors import ErrorKind, end_kind
+from omniweb.errors import ErrorKind
 from omniweb.media.containers import StreamEncoder, first_bytes_samples
 from speech.protocol import SAMPLE_RATE, SessionConfig, tts_request
-from speech.tts.loops import PIPELINE as TTS_PIPELINE
 from speech.tts.model import capabilities
 from speech.tts.vocoder import HOP
 
@@ -82,24 +81,23 @@ def check_access(request: HttpRequest, method: str) -> None:
             raise protocol.unauthorized()
 
 
-def _end_error(chunk: dict[str, Any]) -> APIError:
-    """An engine ``end`` that came instead of any output."""
-    status = chunk.get("status")
-    kind = end_kind(chunk)
-    if status == "busy":
-        retry = chunk.get("retry_after")  # load shedding's estimate of when a retry may be admitted
-        return protocol.busy(retry_after=max(1, math.ceil(retry)) if isinstance(retry, int | float) else 1)
+def _end_error(end: End) -> APIError:
+    """An engine request's failed ``End`` as the API's error."""
+    kind = end.error_kind()
+    if end.status is Status.BUSY:
+        retry = end.retry_after  # load shedding's estimate of when a retry may be admitted
+        return protocol.busy(retry_after=max(1, math.ceil(retry)) if retry is not None else 1)
     if kind is ErrorKind.STARTING:
         return APIError(503, STARTING_TEXT, type="server_error", code="server_starting", retry_after=1)
     if kind is ErrorKind.UNAVAILABLE:
-        return APIError(503, str(chunk.get("message")), type="server_error", code="model_unavailable")
-    if status == "invalid":
-        return protocol.invalid(str(chunk.get("message") or "The request cannot be served"))
-    logger.warning("engine request ended with %s: %s", status, chunk.get("message"))
+        return APIError(503, str(end.message), type="server_error", code="model_unavailable")
+    if end.status is Status.INVALID:
+        return protocol.invalid(end.message or "The request cannot be served")
+    logger.warning("engine request ended with %s: %s", end.status, end.message)
     return APIError(500, "The request failed on the server", type="server_error", code="generation_failed")
 
 
-async def _first_chunk(stream: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
+async def _first_chunk(stream: AsyncIterator[Chunk]) -> Chunk:
     """The stream's first chunk; a request cancelled meanwhile (client gone) closes the stream."""
     try:
         return await anext(stream)
@@ -211,7 +209,7 @@ async def speech(request: HttpRequest) -> HttpResponse:
     try:
         # First use may load the models (a thread); later, no thread hop on the way to the first audio.
         engine = loaded_engine_client() or await asyncio.to_thread(get_engine_client)
-        stream = engine.stream(tts_request(params.input, config, TTS_PIPELINE), uuid.uuid4().hex)
+        stream = engine.stream(tts_request(params.input, config, SPEECH), uuid.uuid4().hex)
         if params.response_format in ("pcm", "wav"):  # nothing to set up
             first, encoder = await _first_chunk(stream), StreamEncoder(params.response_format)
         elif (spare := _SPARES.take(params.response_format)) is not None:
@@ -223,7 +221,7 @@ async def speech(request: HttpRequest) -> HttpResponse:
     except BaseException:
         release()
         raise
-    if first["type"] == "end":
+    if isinstance(first, End):
         release()
         encoder.close()
         return error_response(_end_error(first))
@@ -244,8 +242,8 @@ async def speech(request: HttpRequest) -> HttpResponse:
 
 
 async def _speech_body(
-    stream: AsyncIterator[dict[str, Any]],
-    first: dict[str, Any],
+    stream: AsyncIterator[Chunk],
+    first: Chunk,
     encoder: StreamEncoder,
     params: protocol.SpeechParams,
     sse: bool,
@@ -258,7 +256,7 @@ async def _speech_body(
     pending: asyncio.Future[bytes] | None = None  # an encoder call running in a thread
     fmt = params.response_format
     offload = fmt not in ("pcm", "wav")  # FFmpeg encoders: in a thread, off the event loop
-    samples = 0
+    seconds = 0.0  # of audio made
     sent = False  # audio bytes have left
     gauge = metrics.SESSIONS_OPEN.labels(endpoint=SPEECH_ENDPOINT)
     gauge.inc()
@@ -274,10 +272,9 @@ async def _speech_body(
                 await asyncio.sleep(0)
             chunk = first
             while True:
-                kind = chunk["type"]
-                if kind == "audio":
-                    pcm: bytes = chunk["pcm"]
-                    samples += len(pcm) // 2
+                if isinstance(chunk, PcmAudio):
+                    pcm = chunk.pcm
+                    seconds += chunk.seconds
                     for piece in first_pieces(pcm, encoder.first_bytes_samples) if not sent else (pcm,):
                         if offload and sent:  # until the first bytes leave, encode here: no thread hop
                             pending = loop.run_in_executor(None, encoder.feed, piece)
@@ -294,8 +291,8 @@ async def _speech_body(
                             # Let the server write it out now: while the engine is ahead, the next
                             # chunks are already queued and nothing else here would yield to the loop.
                             await asyncio.sleep(0)
-                elif kind == "end":
-                    if chunk.get("status") != "ok":
+                elif isinstance(chunk, End):
+                    if not chunk.ok:
                         error = _end_error(chunk)
                         metrics.count_error("generation")
                         if sse:
@@ -305,15 +302,15 @@ async def _speech_body(
                         # the client sees a truncated response, never a short file that looks whole.
                         abort = scope.get(ABORT_KEY)
                         if abort is None:
-                            raise RuntimeError(f"speech synthesis failed mid-stream: {chunk.get('message')}")
-                        logger.warning("speech failed mid-stream (%s): connection aborted", chunk.get("message"))
+                            raise RuntimeError(f"speech synthesis failed mid-stream: {chunk.message}")
+                        logger.warning("speech failed mid-stream (%s): connection aborted", chunk.message)
                         abort()
                         return
                     tail = await loop.run_in_executor(None, encoder.finish) if offload else encoder.finish()
                     if tail:
                         yield wrap(tail)
                     if sse:
-                        yield protocol.speech_done(len(params.input), samples / SAMPLE_RATE)
+                        yield protocol.speech_done(len(params.input), seconds)
                     return
                 chunk = await anext(stream)
     finally:
@@ -363,18 +360,17 @@ async def transcriptions(request: HttpRequest) -> HttpResponse:
     except APIError as exc:
         return error_response(exc)
     engine = await asyncio.to_thread(get_engine_client)
-    engine_request = {
-        "pipeline": TRANSCRIBE_PIPELINE,
-        "audio": pcm,
-        "prompt": params.prompt,
-        "temperature": params.temperature,
-        "words": params.words,
-    }
-    if len(pcm) > BULK_TRANSCRIBE_SECONDS * ENGINE_RATE * 2:
-        engine_request["priority"] = BATCH_PRIORITY  # a recording, not a turn: conversations go first
+    bulk = len(pcm) > BULK_TRANSCRIBE_SECONDS * ENGINE_RATE * 2  # a recording, not a turn: conversations go first
+    engine_request = TranscribeRequest(
+        audio=pcm,
+        prompt=params.prompt,
+        temperature=params.temperature,
+        words=params.words,
+        priority=Priority.BATCH if bulk else Priority.REALTIME,
+    )
     stream = engine.stream(engine_request, uuid.uuid4().hex)
     first = await _first_chunk(stream)
-    if first["type"] == "end" and first.get("status") != "ok":
+    if isinstance(first, End) and not first.ok:
         return error_response(_end_error(first))
     if params.stream:
         response = StreamingHttpResponse(_transcript_events(stream, first), content_type="text/event-stream")
@@ -385,14 +381,14 @@ async def transcriptions(request: HttpRequest) -> HttpResponse:
     words: list[dict[str, Any]] = []
     chunk = first
     async with contextlib.aclosing(stream):  # type: ignore[type-var]
-        while chunk["type"] != "end":
-            if chunk["type"] == "segment":
-                segments.append(chunk["segment"])
-                words.extend(chunk.get("words") or [])
+        while not isinstance(chunk, End):
+            if isinstance(chunk, Segment):
+                segments.append(chunk.fields)
+                words.extend(chunk.words or ())
             chunk = await anext(stream)
-    if chunk.get("status") != "ok":
+    if not chunk.ok:
         return error_response(_end_error(chunk))
-    body, content_type = protocol.format_transcript(params, segments, words, float(chunk.get("duration") or 0.0))
+    body, content_type = protocol.format_transcript(params, segments, words, chunk.duration or 0.0)
     response = HttpResponse(body, content_type=content_type)
     response["Cache-Control"] = "no-store"
     return response
@@ -402,23 +398,23 @@ def _form(request: HttpRequest) -> tuple[dict[str, list[str]], Any]:
     return {k: request.POST.getlist(k) for k in request.POST}, request.FILES.get("file")
 
 
-async def _transcript_events(stream: AsyncIterator[dict[str, Any]], first: dict[str, Any]) -> AsyncIterator[bytes]:
+async def _transcript_events(stream: AsyncIterator[Chunk], first: Chunk) -> AsyncIterator[bytes]:
     """stream=true: one ``transcript.text.delta`` per segment, then ``transcript.text.done``."""
     texts: list[str] = []
     chunk = first
     async with contextlib.aclosing(stream):  # type: ignore[type-var]
-        while chunk["type"] != "end":
-            if chunk["type"] == "segment":
-                text = str(chunk["segment"]["text"]).strip()
+        while not isinstance(chunk, End):
+            if isinstance(chunk, Segment):
+                text = chunk.text.strip()
                 if text:
                     yield protocol.transcript_delta(text if not texts else " " + text)
                     texts.append(text)
             chunk = await anext(stream)
-    if chunk.get("status") != "ok":
+    if not chunk.ok:
         metrics.count_error("generation")
         yield protocol.sse_error(_end_error(chunk))
         return
-    yield protocol.transcript_done(" ".join(texts), float(chunk.get("duration") or 0.0))
+    yield protocol.transcript_done(" ".join(texts), chunk.duration or 0.0)
 
 
 # -- GET /v1/models ----------------------------------------------------------------------------------

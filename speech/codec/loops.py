@@ -36,7 +36,17 @@ from omniweb.engine.contracts import (
     Waiting,
     WorkPlan,
 )
-from speech.tts.loops import SENTENCES, TALKER_DONE, TalkerLoop, first_chunk_frames, sentence_chunks, validate_voice
+from omniweb.engine.messages import Chunk, CodecCodes, End, SentenceEnd, SentenceStart
+from omniweb.engine.requests import SPEECH_CODEC, EngineRequest, SpeakRequest, expect
+from speech.tts.loops import (
+    SENTENCES,
+    TALKER_DONE,
+    TalkerLoop,
+    first_chunk_frames,
+    sentence_chunks,
+    speech_end,
+    validate_voice,
+)
 from speech.tts.model import HibariTalker, SentenceFrames
 from speech.tts.vocoder import AcousticFrames
 
@@ -44,7 +54,7 @@ from .model import Codec, CodecDecoder, CodecTableError, decode_batch, load_code
 
 logger = logging.getLogger(__name__)
 
-CODEC_PIPELINE = "speech.codec"
+CODEC_PIPELINE = SPEECH_CODEC
 CODES = "codec_sentences"  # slot: deque[SentenceCodes], encoder → codec vocoder ("pcm" output only)
 CODES_DONE = "codec_encoder_done"  # slot: bool, the encoder has published its last sentence
 OUTPUTS = ("codes", "pcm")
@@ -154,8 +164,8 @@ class CodecEncoderLoop:
         self._first = max(0, first_packet_frames)
         self._lookahead = max(1, lookahead)
 
-    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> EncoderState:
-        emit = request.get("codec_output", "codes") == "codes"
+    def init(self, request: SpeakRequest, slots: dict[str, Any]) -> EncoderState:
+        emit = request.codec_output == "codes"
         slots[CODES] = deque()
         slots[CODES_DONE] = False
         return EncoderState(slots=slots, emit=emit, first_packet=self._first or self._packet, packet=self._packet)
@@ -242,21 +252,13 @@ class CodecEncoderLoop:
         rows = self._encode(sentence, packet.offsets, packet.start, packet.stop)
         if not state.emit:
             return StepResult(output=(packet, rows))
-        chunks: list[dict[str, Any]] = []
+        chunks: list[Chunk] = []
         if packet.first:
-            chunks.append({"type": "sentence.start", "sentence_index": sentence.index, "text": sentence.text})
-        chunks.append(
-            {
-                "type": "codes",
-                "sentence_index": sentence.index,
-                "frames": int(rows.shape[0]),
-                "codes": rows.astype("<i2").tobytes(),
-                "last": packet.last,
-                "more": packet.more,
-            }
-        )
+            chunks.append(SentenceStart(sentence.index, sentence.text))
+        codes = rows.astype("<i2").tobytes()
+        chunks.append(CodecCodes(codes, int(rows.shape[0]), packet.last, packet.more, sentence.index))
         if packet.last:
-            chunks.append({"type": "sentence.end", "sentence_index": sentence.index, "timestamps": None})
+            chunks.append(SentenceEnd(sentence.index))
         seconds = rows.shape[0] / self._codec.frame_rate_hz
         return StepResult(output=(packet, rows), chunks=chunks, media_seconds=seconds)
 
@@ -309,10 +311,10 @@ class CodecVocoderLoop:
         self._chunk = max(1, chunk_frames)
         self._first = max(0, first_chunk_frames)
 
-    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> CodecVocoderState:
+    def init(self, request: SpeakRequest, slots: dict[str, Any]) -> CodecVocoderState:
         return CodecVocoderState(
             slots=slots,
-            active=request.get("codec_output", "codes") == "pcm",
+            active=request.codec_output == "pcm",
             first_chunk_frames=first_chunk_frames(request, self._first, self._chunk),
             chunk_frames=self._chunk,
         )
@@ -377,16 +379,16 @@ def _decode(chunks: list[_DecodeChunk]) -> list[StepResult]:
     for c, wave in zip(chunks, waves, strict=True):
         if c.last:
             wave = np.concatenate([wave, c.decoder.flush()])
-        out = sentence_chunks(c.sentence, wave, first=c.first, last=c.last)
+        out = sentence_chunks(c.sentence, wave, c.sample_rate, first=c.first, last=c.last)
         results.append(StepResult(output=c, chunks=out, media_seconds=wave.size / c.sample_rate))
     return results
 
 
 class CodecPipeline:
-    """talker → codec encoder → codec vocoder for ``{"pipeline": "speech.codec", ...}`` requests.
+    """talker → codec encoder → codec vocoder for ``SpeakRequest(pipeline="speech.codec")``.
 
-    Request fields as ``speech.tts`` (text, voice, speed, seed, split, timestamps, max_frames,
-    first_chunk_frames) plus ``codec_output``: ``"codes"`` (default) or ``"pcm"``.
+    The request's fields as for ``speech.tts``, plus ``codec_output``: ``"codes"`` (packets to the
+    client, the default) or ``"pcm"`` (decoded here).
     """
 
     name = CODEC_PIPELINE
@@ -423,14 +425,13 @@ class CodecPipeline:
             decoder.push(codec.encode(frames))
         decoder.flush()
 
-    def validate(self, request: dict[str, Any]) -> None:
+    def validate(self, request: EngineRequest) -> None:
         if self.unavailable is not None:
             raise ValueError(f"the codec is unavailable: {self.unavailable}")
-        if not isinstance(request.get("text"), str):
-            raise ValueError("text must be a string")
-        if request.get("codec_output", "codes") not in OUTPUTS:
+        speak = expect(request, SpeakRequest)
+        if speak.codec_output not in OUTPUTS:
             raise ValueError(f"codec_output must be one of {', '.join(OUTPUTS)}")
-        validate_voice(request, self.talker)
+        validate_voice(speak, self.talker)
 
-    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"total_sentences": finals[0]["total_sentences"], "rng_state": finals[0]["rng_state"]}
+    def finish(self, finals: list[dict[str, Any]]) -> End:
+        return speech_end(finals)

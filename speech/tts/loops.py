@@ -33,12 +33,14 @@ from omniweb.engine.contracts import (
     Waiting,
     WorkPlan,
 )
+from omniweb.engine.messages import Chunk, End, PcmAudio, SentenceEnd, SentenceStart, WordTiming
+from omniweb.engine.requests import SPEECH, EngineRequest, SpeakingRequest, SpeakRequest, expect
 from speech.text import bound_units, split_text
 
 from .model import HibariTalker, SentenceFrames
 from .vocoder import SAMPLE_RATE, SpectralBackend, VocoderStream, run_chunks_batched
 
-PIPELINE = "speech.tts"
+PIPELINE = SPEECH
 SENTENCES = "sentences"  # slot: deque[SentenceFrames], talker → vocoder
 TALKER_DONE = "talker_done"
 TEXT_IN = "talker_text"  # slot: list[str], upstream loop → talker (incremental mode)
@@ -114,24 +116,25 @@ class TalkerLoop:
         self._incremental = incremental
         self._vocode = vocode  # False: a downstream loop other than hibari's vocoder takes the frames
 
-    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> TalkerState:
+    def init(self, request: SpeakingRequest, slots: dict[str, Any]) -> TalkerState:
         slots[SENTENCES] = deque()
         if self._incremental:  # the list is shared: the upstream loop appends, the talker reads
             sentences = slots.setdefault(TEXT_IN, [])
             slots.setdefault(TEXT_IN_DONE, False)
             slots[TALKER_DONE] = False
         else:
-            sentences = split_text(request["text"], request.get("split", "sentence"))
+            assert isinstance(request, SpeakRequest)
+            sentences = split_text(request.text, request.split)
             slots[TALKER_DONE] = not sentences
         return TalkerState(
             sentences=sentences,
-            voice=request.get("voice") or self._talker.caps.default_voice,
-            speed=float(request.get("speed") or 1.0),
-            rng=resume_rng(request.get("seed"), request.get("rng_state")),
-            exact_noise=request.get("seed") is not None,
-            max_frames=request.get("max_frames"),
-            frames_left=request.get("max_frames") if request.get("max_frames_scope") == "request" else None,
-            timestamps=bool(request.get("timestamps")),
+            voice=request.voice or self._talker.caps.default_voice,
+            speed=float(request.speed or 1.0),
+            rng=resume_rng(request.seed, request.rng_state),
+            exact_noise=request.seed is not None,
+            max_frames=request.max_frames,
+            frames_left=request.max_frames if request.max_frames_scope == "request" else None,
+            timestamps=request.timestamps,
             slots=slots,
         )
 
@@ -235,7 +238,7 @@ class VocoderLoop:
         self._first = max(0, first_chunk_frames)
         self._backend = backend  # None: numpy on the CPU, bit-identical to hibari
 
-    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> VocoderState:
+    def init(self, request: SpeakingRequest, slots: dict[str, Any]) -> VocoderState:
         first = first_chunk_frames(request, self._first, self._chunk)
         return VocoderState(slots=slots, first_chunk_frames=first, chunk_frames=self._chunk)
 
@@ -295,9 +298,9 @@ class VocoderLoop:
         return {"sentences_vocoded": state.sentences_done}
 
 
-def first_chunk_frames(request: dict[str, Any], default: int, chunk: int) -> int:
+def first_chunk_frames(request: SpeakingRequest, default: int, chunk: int) -> int:
     """A sentence's first chunk size: the request's ``first_chunk_frames`` or the setting; 0 = ``chunk``."""
-    first = request.get("first_chunk_frames")
+    first = request.first_chunk_frames
     return (default if first is None else int(first)) or chunk
 
 
@@ -312,7 +315,7 @@ def _results(chunks: list[_Chunk]) -> list[StepResult]:
     for c, wave in zip(chunks, waves, strict=True):
         sentence = c.state.sentence
         assert sentence is not None
-        out = sentence_chunks(sentence, wave, first=c.first_of_sentence, last=c.last_of_sentence)
+        out = sentence_chunks(sentence, wave, SAMPLE_RATE, first=c.first_of_sentence, last=c.last_of_sentence)
         results.append(StepResult(output=c, chunks=out, media_seconds=wave.size / SAMPLE_RATE))
     return results
 
@@ -325,7 +328,14 @@ class SpokenSentence(Protocol):
     timestamps: list[dict[str, Any]] | None
 
 
-def sentence_chunks(sentence: SpokenSentence, wave: np.ndarray, *, first: bool, last: bool) -> list[dict[str, Any]]:
+def word_timings(timestamps: list[dict[str, Any]] | None) -> tuple[WordTiming, ...]:
+    """``speech.text.align_words``' timings as the engine's typed words."""
+    return tuple(WordTiming(str(w["word"]), int(w["start_ms"]), int(w["end_ms"])) for w in timestamps or ())
+
+
+def sentence_chunks(
+    sentence: SpokenSentence, wave: np.ndarray, sample_rate: int, *, first: bool, last: bool
+) -> list[Chunk]:
     """The client stream chunks for one vocoded piece of a sentence: its start, its PCM, its end.
 
     Every vocoder (hibari's, the codec's) emits exactly these, so the transport has one audio path.
@@ -333,20 +343,14 @@ def sentence_chunks(sentence: SpokenSentence, wave: np.ndarray, *, first: bool, 
     knows the words before it hears them (a conversation cut short mid-sentence keeps them), at the
     end as the speech endpoint sends them.
     """
-    out: list[dict[str, Any]] = []
+    out: list[Chunk] = []
+    words = word_timings(sentence.timestamps)
     if first:
-        out.append(
-            {
-                "type": "sentence.start",
-                "sentence_index": sentence.index,
-                "text": sentence.text,
-                "timestamps": sentence.timestamps,
-            }
-        )
+        out.append(SentenceStart(sentence.index, sentence.text, words))
     if wave.size:
-        out.append({"type": "audio", "sentence_index": sentence.index, "pcm": to_pcm16(wave)})
+        out.append(PcmAudio(to_pcm16(wave), sample_rate, sentence.index))
     if last:
-        out.append({"type": "sentence.end", "sentence_index": sentence.index, "timestamps": sentence.timestamps})
+        out.append(SentenceEnd(sentence.index, words))
     return out
 
 
@@ -366,28 +370,30 @@ def vocoder_backend() -> SpectralBackend | None:
         raise ImproperlyConfigured(f"vocoder device {device!r}: {exc}") from exc
 
 
-def validate_voice(request: dict[str, Any], talker: HibariTalker) -> None:
+def validate_voice(request: SpeakingRequest, talker: HibariTalker) -> None:
     """The talker settings of any pipeline that speaks: a voice on disk and a speed in range."""
-    voice = request.get("voice")
+    voice = request.voice
     if voice is not None and voice not in talker.caps.voices:
         raise ValueError(f"Unknown voice '{voice}'; available voices: {', '.join(talker.caps.voices)}")
-    speed = float(request.get("speed") or 1.0)
+    speed = float(request.speed or 1.0)
     if not 0.25 <= speed <= 4.0:
         raise ValueError("speed must be between 0.25 and 4.0")
-    state = request.get("rng_state")
-    if state is not None:
-        if not isinstance(state, str):
-            raise ValueError("rng_state must be a string")
-        resume_rng(request.get("seed"), state)
+    if request.rng_state is not None:
+        resume_rng(request.seed, request.rng_state)
+
+
+def speech_end(finals: list[dict[str, Any]]) -> End:
+    """The talker's count of spoken sentences and where its noise generator stopped."""
+    return End(sentences=finals[0]["total_sentences"], rng_state=finals[0]["rng_state"])
 
 
 class TtsPipeline:
-    """talker → vocoder for ``{"pipeline": "speech.tts", "text": ..., ...}`` requests.
+    """talker → vocoder for ``SpeakRequest``s.
 
-    Besides the text and voice settings a request may carry ``rng_state`` (the ``end`` chunk's, to
-    continue an earlier request's seeded noise) and ``max_frames_scope: "request"`` (``max_frames``
-    caps the whole request instead of each sentence). ``paced: False`` (read by the scheduler) makes
-    the audio as fast as it can, for a file nobody hears until it is whole.
+    Besides the text and voice settings a request may carry ``rng_state`` (an earlier ``End``'s, to
+    continue its seeded noise) and ``max_frames_scope="request"`` (``max_frames`` caps the whole
+    request instead of each sentence). ``paced=False`` (read by the scheduler) makes the audio as
+    fast as it can, for a file nobody hears until it is whole.
     """
 
     name = PIPELINE
@@ -399,10 +405,8 @@ class TtsPipeline:
             VocoderLoop(settings.VOCODER_CHUNK_FRAMES, settings.VOCODER_FIRST_CHUNK_FRAMES, vocoder_backend()),
         )
 
-    def validate(self, request: dict[str, Any]) -> None:
-        if not isinstance(request.get("text"), str):
-            raise ValueError("text must be a string")
-        validate_voice(request, self.talker)
+    def validate(self, request: EngineRequest) -> None:
+        validate_voice(expect(request, SpeakRequest), self.talker)
 
-    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"total_sentences": finals[0]["total_sentences"], "rng_state": finals[0]["rng_state"]}
+    def finish(self, finals: list[dict[str, Any]]) -> End:
+        return speech_end(finals)

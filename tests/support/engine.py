@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from typing import Any
 
 from channels.testing import WebsocketCommunicator
+
+from omniweb.engine.messages import Chunk, End, to_wire
+from omniweb.engine.requests import EngineRequest
+from omniweb.engine.requests import from_wire as request_from_wire
 
 IDLE_POLL_SECONDS = 2.0
 HEARTBEAT_LAG = 0.6  # a worker's heartbeat key may be this old
@@ -100,3 +105,23 @@ async def close_sessions(comms: list[WebsocketCommunicator]) -> None:
     for comm in comms:  # an exception inside a consumer must not pass silently
         if comm.future.done() and not comm.future.cancelled():
             comm.future.result()
+
+
+def typed_request(kind: type[EngineRequest], **fields: Any) -> EngineRequest:
+    """A request from plain fields (frames and history as dicts, lists), checked and typed as the
+    Redis worker builds one from its message: a ``ValueError`` for a field of the wrong type."""
+    return request_from_wire({"kind": kind.__name__, **fields})
+
+
+class WireSink:
+    """A scheduler sink that keeps each chunk in its wire form (what the Redis mode sends), so tests
+    compare chunks as data; ``ended`` is set by the request's ``End``."""
+
+    def __init__(self) -> None:
+        self.chunks: list[dict[str, Any]] = []
+        self.ended = threading.Event()
+
+    def __call__(self, chunk: Chunk) -> None:
+        self.chunks.append(to_wire(chunk))
+        if isinstance(chunk, End):
+            self.ended.set()

@@ -1,5 +1,5 @@
 """daphne with a test double around the engine client: every speech request fails after its first
-audio chunk (the real request is aborted, then an ``end`` with ``status: "error"`` is delivered).
+audio chunk (the real request is aborted, then a failed ``End`` is delivered).
 
 Run as ``python tests/support/openai_fault_server.py <daphne arguments>`` (tests/test_openai_api.py).
 """
@@ -19,6 +19,9 @@ import django
 
 django.setup()
 
+from omniweb.engine.messages import Chunk, End, PcmAudio  # noqa: E402
+from omniweb.engine.requests import EngineRequest  # noqa: E402
+from omniweb.errors import ErrorKind  # noqa: E402
 from omniweb.openai_api import views  # noqa: E402
 
 real_client = views.get_engine_client
@@ -28,16 +31,16 @@ class FailingAfterFirstAudio:
     def __init__(self, inner: Any) -> None:
         self._inner = inner
 
-    async def stream(self, request: dict[str, Any], request_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, request: EngineRequest, request_id: str | None = None) -> AsyncIterator[Chunk]:
         stream = self._inner.stream(request, request_id)
         try:
             async for chunk in stream:
                 yield chunk
-                if chunk["type"] == "audio":
+                if isinstance(chunk, PcmAudio):
                     break
         finally:
             await stream.aclose()  # aborts the real request
-        yield {"type": "end", "status": "error", "message": "injected fault"}
+        yield End.failed(ErrorKind.ENGINE, "injected fault")
 
     async def abort(self, request_id: str) -> None:
         await self._inner.abort(request_id)

@@ -11,6 +11,8 @@ import cv2
 import numpy as np
 from scipy.signal import resample_poly
 
+from omniweb.engine.messages import PcmAudio
+from omniweb.engine.requests import SpeakRequest
 from support.camera_scenes import room, shoot, with_person
 from support.messages import Transcript, receive_json, receive_until
 
@@ -84,6 +86,7 @@ async def scene_frames(comm, count: int = 2, *, ids: bool = True) -> None:
 
 
 def video_requests(seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation turns among the recorded requests (``requests_seen``: their wire form)."""
     return [r for r in seen if r.get("pipeline") == "video.turn"]
 
 
@@ -91,11 +94,9 @@ async def synthesize(text: str) -> bytes:
     """The question spoken by our own voice (the speech pipeline), as PCM16 16 kHz mono."""
     from omniweb.engine.runtime import get_engine_client
 
-    request = {"pipeline": "speech.tts", "text": text, "voice": None, "speed": 1.0, "seed": 1, "split": "sentence"}
-    request.update(timestamps=False, first_chunk_frames=None, max_frames=None)
     pcm = b""
-    async for chunk in get_engine_client().stream(request):
-        if chunk["type"] == "audio":
-            pcm += chunk["pcm"]
+    async for chunk in get_engine_client().stream(SpeakRequest(text=text, seed=1)):
+        if isinstance(chunk, PcmAudio):
+            pcm += chunk.pcm
     samples = np.frombuffer(pcm, "<i2").astype(np.float32)
     return np.clip(resample_poly(samples, 2, 3), -32768, 32767).astype("<i2").tobytes()

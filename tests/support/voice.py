@@ -10,6 +10,8 @@ import numpy as np
 from hibari import Hibari
 from scipy.signal import resample_poly
 
+from omniweb.engine.messages import Chunk, End, to_wire
+from omniweb.engine.requests import SpeakRequest
 from omniweb.engine.scheduler import Scheduler
 from speech.tts.loops import PIPELINE, TtsPipeline
 
@@ -36,18 +38,19 @@ def spoken(text: str, voice: Hibari | None = None, seed: int = 7) -> bytes:
 
 
 def synthesize(pipeline: TtsPipeline, workers: int = 2, **request: Any) -> list[dict[str, Any]]:
+    """A ``SpeakRequest`` of ``request``'s fields run to its end; its chunks in their wire form."""
     sched = Scheduler({PIPELINE: pipeline}, workers=workers)
     sched.start()
     chunks: list[dict[str, Any]] = []
     ended = threading.Event()
 
-    def sink(chunk: dict[str, Any]) -> None:
-        chunks.append(chunk)
-        if chunk["type"] == "end":
+    def sink(chunk: Chunk) -> None:
+        chunks.append(to_wire(chunk))
+        if isinstance(chunk, End):
             ended.set()
 
     try:
-        sched.submit("r", {"pipeline": PIPELINE, **request}, sink)
+        sched.submit("r", SpeakRequest(**request), sink)
         assert ended.wait(30)
     finally:
         sched.stop()

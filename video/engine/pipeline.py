@@ -1,24 +1,19 @@
 """The ``video.turn`` pipeline: thinker → talker → vocoder on the engine runtime.
 
-Request (built by the video transport; plain JSON values and bytes, so it also travels to workers)::
+Request: an ``AnswerRequest`` (``omniweb.engine.requests``; built by the conversation core's turn
+runner): the question, its audio (PCM16 LE 16 kHz mono), the frames, the history, the modalities,
+the voice, ``timestamps`` (the talker times each spoken word, as for the speech endpoint) and
+``transcribe`` (also transcribe the audio when there is a question: it follows the text).
 
-    {"pipeline": "video.turn", "question": str, "audio": bytes (PCM16 LE 16 kHz mono),
-     "frames": [{"frame_id": str | None, "data": bytes, "pts_ms": number | None}, ...],
-     "history": [{"role": "user" | "assistant", "content": str}, ...], "system_prompt": str | None,
-     "modalities": ["text", "audio"], "voice": str | None, "model": str | None,
-     "timestamps": bool (the talker times each spoken word, as for the speech endpoint),
-     "transcribe": bool (also transcribe the audio when there is a question: it follows the text)}
-
-Chunks, in order per kind: ``{"type": "transcript", "text"}`` (only when the question came from the
-audio, or with ``transcribe``; before any text); ``{"type": "text", "delta"}``; ``{"type":
-"text.end"}`` once the answer's text is complete (not after a thinker failure), so it can be shown
-before its audio ends; when "audio" is in the modalities the TTS loops' ``sentence.start`` /
-``audio`` (PCM16 24 kHz) / ``sentence.end`` (both ends carry the sentence's word ``timestamps`` when
-asked for), each sentence spoken as soon as the thinker has completed it; then the scheduler's
-``end``. On success ``end`` carries ``text`` (the whole answer) and ``transcript`` (when there was
-one). When the thinker fails in a way the client may hear about (the upstream server refused, timed
-out, sent garbage), ``end`` has ``status: "error"`` and a client-safe ``message`` of ours, plus the
-``text`` streamed so far.
+Chunks, in order per kind: ``Transcript`` (only when the question came from the audio, or with
+``transcribe``; before any text); ``TextDelta``s; ``TextEnd`` once the answer's text is complete
+(not after a thinker failure), so it can be shown before its audio ends; when "audio" is in the
+modalities the TTS loops' ``SentenceStart`` / ``PcmAudio`` (24 kHz) / ``SentenceEnd`` (both ends
+carry the sentence's word timings when asked for), each sentence spoken as soon as the thinker has
+completed it; then the scheduler's ``End``. On success it carries ``text`` (the whole answer) and
+``transcript`` (when there was one). When the thinker fails in a way the client may hear about (the
+upstream server refused, timed out, sent garbage), the ``End`` has ``Status.ERROR``, kind
+``upstream_failure`` and a client-safe ``message`` of ours, plus the ``text`` streamed so far.
 
 The thinker loop's first steps transcribe the audio (the shared recognizer's, batched with other
 requests') when the question is empty; then each step
@@ -38,6 +33,8 @@ from django.core.exceptions import ImproperlyConfigured
 from omniweb.asr.pipeline import Recognition, Recognizer, shared_recognizer
 from omniweb.asr.whisper import Options as AsrOptions
 from omniweb.engine.contracts import DONE, Done, ShapeSignature, StepResult, WaitFor, Waiting, WorkPlan
+from omniweb.engine.messages import Chunk, End, Status, TextDelta, TextEnd, Transcript
+from omniweb.engine.requests import VIDEO_TURN, AnswerRequest, EngineRequest, expect
 from omniweb.errors import ErrorKind
 from speech.tts.loops import TEXT_IN, TEXT_IN_DONE, TalkerLoop, VocoderLoop, validate_voice, vocoder_backend
 from speech.tts.model import HibariTalker
@@ -46,14 +43,14 @@ from .sentences import SentenceStream
 from .thinkers import Frame, SceneThinker, Thinker, ThinkerError, ThinkerRun, Turn, WaitableRun
 from .upstream import UpstreamThinker
 
-PIPELINE = "video.turn"
+PIPELINE = VIDEO_TURN
 MODALITIES = ("text", "audio")
 NOTHING_HEARD = "Sorry, I didn't catch a question in the audio."
 
 
 @dataclass
 class ThinkerState:
-    request: dict[str, Any]
+    request: AnswerRequest
     slots: dict[str, Any]
     speak: bool  # "audio" in modalities: hand sentences to the talker
     listening: bool  # the question is still to be transcribed from the audio
@@ -83,15 +80,15 @@ class ThinkerLoop:
         self._thinker = thinker
         self._recognizer = recognizer
 
-    def init(self, request: dict[str, Any], slots: dict[str, Any]) -> ThinkerState:
-        speak = "audio" in (request.get("modalities") or MODALITIES)
+    def init(self, request: AnswerRequest, slots: dict[str, Any]) -> ThinkerState:
+        speak = "audio" in (request.modalities or MODALITIES)
         slots[TEXT_IN] = []
         slots[TEXT_IN_DONE] = not speak  # text only: the talker and vocoder finish without a step
-        question = request.get("question") or ""
-        listening = bool(request.get("audio")) and (not question.strip() or bool(request.get("transcribe")))
+        question = request.question
+        listening = bool(request.audio) and (not question.strip() or request.transcribe)
         state = ThinkerState(request=request, slots=slots, speak=speak, listening=listening)
         if listening:
-            state.recognition = self._recognizer.start(request["audio"], AsrOptions())
+            state.recognition = self._recognizer.start(request.audio, AsrOptions())
         return state
 
     def next(self, state: ThinkerState) -> WorkPlan | Done | Waiting | WaitFor:
@@ -135,9 +132,9 @@ class ThinkerLoop:
             except ThinkerError as exc:
                 current.close()
                 return StepResult(output=_Thought([], True, started, str(exc)))
-            chunks = [{"type": "text", "delta": d} for d in deltas]
+            chunks: list[Chunk] = [TextDelta(d) for d in deltas]
             if current.done:
-                chunks.append({"type": "text.end"})
+                chunks.append(TextEnd())
             return StepResult(output=_Thought(deltas, current.done, started), chunks=chunks)
 
         return WorkPlan(
@@ -149,18 +146,15 @@ class ThinkerLoop:
 
     def _turn(self, state: ThinkerState) -> Turn:
         request = state.request
-        question = request.get("question") or ""
+        question = request.question
         if state.transcript is not None:  # heard: the question, or what follows the typed text
             question = f"{question.strip()} {state.transcript}".strip() if question.strip() else state.transcript
         return Turn(
             question=question,
-            frames=[
-                Frame(frame_id=f.get("frame_id"), data=f["data"], pts_ms=f.get("pts_ms"))
-                for f in request.get("frames") or []
-            ],
-            history=list(request.get("history") or []),
-            system_prompt=request.get("system_prompt"),
-            model=request.get("model"),
+            frames=[Frame(frame_id=f.frame_id, data=f.data, pts_ms=f.pts_ms) for f in request.frames],
+            history=[{"role": h.role, "content": h.content} for h in request.history],
+            system_prompt=request.system_prompt,
+            model=request.model,
         )
 
     def advance(self, state: ThinkerState, result: StepResult) -> None:
@@ -186,9 +180,9 @@ class ThinkerLoop:
     def _heard(self, state: ThinkerState, text: str, result: StepResult) -> None:
         state.listening = False
         state.transcript = text
-        result.chunks.append({"type": "transcript", "text": text})
-        if not text and not (state.request.get("question") or "").strip():  # nothing to answer: say so
-            result.chunks += [{"type": "text", "delta": NOTHING_HEARD}, {"type": "text.end"}]
+        result.chunks.append(Transcript(text))
+        if not text and not state.request.question.strip():  # nothing to answer: say so
+            result.chunks += [TextDelta(NOTHING_HEARD), TextEnd()]
             self._add(state, [NOTHING_HEARD])
             self._finish(state)
 
@@ -215,7 +209,7 @@ class ThinkerLoop:
 
 
 class VideoTurnPipeline:
-    """thinker → talker → vocoder for ``{"pipeline": "video.turn", ...}`` requests."""
+    """thinker → talker → vocoder for ``AnswerRequest``s."""
 
     name = PIPELINE
 
@@ -229,36 +223,27 @@ class VideoTurnPipeline:
             VocoderLoop(settings.VOCODER_CHUNK_FRAMES, settings.VOCODER_FIRST_CHUNK_FRAMES, vocoder_backend()),
         )
 
-    def validate(self, request: dict[str, Any]) -> None:
-        if not isinstance(request.get("question", ""), str):
-            raise ValueError("question must be a string")
-        if not isinstance(request.get("audio", b""), bytes):
-            raise ValueError("audio must be PCM16 bytes")
-        frames = request.get("frames", [])
-        if not isinstance(frames, list) or not all(
-            isinstance(f, dict) and isinstance(f.get("data"), bytes) and f["data"] for f in frames
-        ):
-            raise ValueError("frames must be a list of {frame_id, data, pts_ms} with image bytes")
-        history = request.get("history") or []
-        if not isinstance(history, list) or not all(
-            isinstance(h, dict) and h.get("role") in ("user", "assistant") and isinstance(h.get("content"), str)
-            for h in history
-        ):
-            raise ValueError("history must be a list of {role: user|assistant, content: str}")
-        modalities = request.get("modalities") or list(MODALITIES)
-        if not isinstance(modalities, list) or not set(modalities) <= set(MODALITIES):
+    def validate(self, request: EngineRequest) -> None:
+        answer = expect(request, AnswerRequest)
+        if not all(f.data for f in answer.frames):
+            raise ValueError("frames must carry image bytes")
+        if not all(h.role in ("user", "assistant") for h in answer.history):
+            raise ValueError("history roles must be user or assistant")
+        if not set(answer.modalities) <= set(MODALITIES):
             raise ValueError("modalities must be a subset of ['text', 'audio']")
-        validate_voice(request, self.talker)
+        validate_voice(answer, self.talker)
 
-    def finish(self, finals: list[dict[str, Any]]) -> dict[str, Any]:
+    def finish(self, finals: list[dict[str, Any]]) -> End:
         thought = finals[0]
-        out: dict[str, Any] = {"text": thought["text"]}
-        if thought["transcript"] is not None:
-            out["transcript"] = thought["transcript"]
-        if thought["error"] is not None:
-            # The scheduler spreads these fields over its {"status": "ok"} end chunk.
-            out.update(status="error", kind=ErrorKind.UPSTREAM.value, message=thought["error"])
-        return out
+        if thought["error"] is not None:  # the upstream thinker failed: what was streamed, and why
+            return End(
+                status=Status.ERROR,
+                kind=ErrorKind.UPSTREAM,
+                message=thought["error"],
+                text=thought["text"],
+                transcript=thought["transcript"],
+            )
+        return End(text=thought["text"], transcript=thought["transcript"])
 
 
 def make_thinker() -> Thinker:

@@ -1,0 +1,253 @@
+"""The engine's input, typed: one request dataclass per kind of work, named by its pipeline.
+
+An adapter builds one of these, the engine client submits it, the scheduler reads the fields it
+schedules by (``EngineRequest``'s) and each pipeline's loops read their own. They are the contract
+between adapters and pipelines, which is why they live in the core: an adapter asks for speech or a
+transcription by building a request, never by importing the pipeline that serves it. Only the Redis
+mode turns a request into plain data (``to_wire`` / ``from_wire``), at the channel layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar, TypeVar
+
+# The pipelines' names: a request is served by the pipeline registered under its ``pipeline``.
+SPEECH = "speech.tts"
+SPEECH_CODEC = "speech.codec"
+VIDEO_TURN = "video.turn"
+TRANSCRIBE = "audio.transcribe"
+VAD = "audio.vad"
+END_OF_TURN = "audio.turn"
+
+
+class Priority(StrEnum):
+    REALTIME = "realtime"  # someone listens as it is made: paced, admitted by its first media's wait
+    BATCH = "batch"  # a file nobody hears until it is whole: never paced, runs on spare workers
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineRequest:
+    """What the scheduler itself reads; subclasses add what their pipeline's loops read."""
+
+    _kinds: ClassVar[dict[str, type[EngineRequest]]] = {}
+
+    pipeline: str
+    priority: Priority = Priority.REALTIME
+    admit_budget: float | None = None  # seconds: a conversation's turn, whose speaker already waits
+    tenant: str | None = None  # who it belongs to: first media is ordered fairly between tenants
+    paced: bool = True  # False: made as fast as it can (one file per flush), whatever its priority
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "priority", Priority(self.priority))  # "batch" from a config string
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        EngineRequest._kinds[cls.__name__] = cls
+
+    @property
+    def batch(self) -> bool:
+        return self.priority is Priority.BATCH
+
+    @property
+    def own_admit_budget(self) -> float | None:
+        """Its own admission budget, or None when the engine's applies."""
+        return self.admit_budget if self.admit_budget is not None and self.admit_budget > 0 else None
+
+    def byte_size(self) -> int:
+        """The byte strings it carries (frames, audio), in all: what the engine's request limit bounds."""
+        return _bytes_in(dataclasses.asdict(self))
+
+
+def _bytes_in(value: Any) -> int:
+    if isinstance(value, bytes | bytearray):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_bytes_in(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_bytes_in(v) for v in value)
+    return 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeakingRequest(EngineRequest):
+    """The talker's settings, for every pipeline that speaks."""
+
+    voice: str | None = None  # None: the loaded model's default voice
+    speed: float = 1.0
+    seed: int | None = None  # seeded noise: the same audio bit for bit
+    rng_state: str | None = None  # an earlier request's ``End.rng_state``: continue its noise
+    timestamps: bool = False  # time each spoken word (``SentenceStart.words``)
+    first_chunk_frames: int | None = None  # a sentence's first vocoder chunk; None: the setting
+    max_frames: int | None = None  # a cap on acoustic frames, per sentence or per request
+    max_frames_scope: str = "sentence"  # "request": ``max_frames`` caps the whole request
+    split: str = "sentence"  # how the text is cut into talker steps
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeakRequest(SpeakingRequest):
+    """Speak ``text`` (``speech.tts``, or ``speech.codec`` for codec packets or codec-decoded PCM)."""
+
+    pipeline: str = SPEECH
+    text: str
+    codec_output: str = "codes"  # speech.codec: "codes" (packets to the client) or "pcm"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrameIn:
+    """A camera frame a turn looks at (encoded image bytes)."""
+
+    data: bytes
+    frame_id: str | None = None
+    pts_ms: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HistoryEntry:
+    role: str  # "user" | "assistant"
+    content: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnswerRequest(SpeakingRequest):
+    """A conversation's turn (``video.turn``): thinker → talker → vocoder. The question is ``question``
+    or, when empty (or with ``transcribe``), what ``audio`` (PCM16 16 kHz mono) says."""
+
+    pipeline: str = VIDEO_TURN
+    question: str = ""
+    audio: bytes = b""
+    frames: tuple[FrameIn, ...] = ()
+    history: tuple[HistoryEntry, ...] = ()
+    system_prompt: str | None = None
+    modalities: tuple[str, ...] = ("text", "audio")
+    model: str | None = None
+    transcribe: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class TranscribeRequest(EngineRequest):
+    """Transcribe ``audio`` (PCM16 16 kHz mono) with Whisper."""
+
+    pipeline: str = TRANSCRIBE
+    audio: bytes
+    prompt: str | None = None
+    temperature: float = 0.0
+    words: bool = False
+    timestamps: bool = True  # segment times (the transcription API); questions need only text
+    prefix: str | None = None  # text the transcript is made to start with: what streaming committed
+
+
+@dataclass(frozen=True, kw_only=True)
+class VadRequest(EngineRequest):
+    """Silero's speech probabilities for ``pcm`` (PCM16 16 kHz, whole windows); ``state``: the model's
+    state after the session's previous windows (None starts a stream)."""
+
+    pipeline: str = VAD
+    pcm: bytes
+    state: bytes | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndOfTurnRequest(EngineRequest):
+    """Smart Turn's end-of-turn probability for each window (PCM16 16 kHz mono, each <= 8 s)."""
+
+    pipeline: str = END_OF_TURN
+    windows: tuple[bytes, ...] = field(default=())
+
+
+RequestT = TypeVar("RequestT", bound=EngineRequest)
+
+
+def expect(request: EngineRequest, kind: type[RequestT]) -> RequestT:
+    """``request`` as the type its pipeline serves, or the ``ValueError`` the scheduler refuses it with."""
+    if not isinstance(request, kind):
+        raise ValueError(f"the {request.pipeline} pipeline serves {kind.__name__}, not {type(request).__name__}")
+    return request
+
+
+def to_wire(request: EngineRequest) -> dict[str, Any]:
+    """A request as msgpack-able plain data (its class under ``kind``)."""
+    values = dataclasses.asdict(request)
+    return {"kind": type(request).__name__, **{k: _plain(v) for k, v in values.items()}}
+
+
+def _plain(value: Any) -> Any:
+    """Enums as their values and tuples as lists: the shapes msgpack and the blob offloading walk."""
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def from_wire(message: dict[str, Any]) -> EngineRequest:
+    """``to_wire``'s inverse, each field checked against its annotation: a ``ValueError`` for data
+    that is no known request or has a field of the wrong type."""
+    values = dict(message)
+    cls = EngineRequest._kinds.get(str(values.pop("kind", "")))
+    if cls is None:
+        raise ValueError(f"not an engine request: {message.get('kind')!r}")
+    return _load(cls, values)
+
+
+def _load(cls: type[Any], values: Any) -> Any:
+    """A dataclass from plain data, nested dataclasses, enums and tuples restored by the annotations."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{cls.__name__} must be an object, not {type(values).__name__}")
+    hints = typing.get_type_hints(cls)
+    loaded = {}
+    for name, value in values.items():
+        hint = hints.get(name)
+        if hint is None or name.startswith("_"):
+            raise ValueError(f"{cls.__name__} has no field {name!r}")
+        value = _restore(value, hint)
+        if not _fits(value, hint):
+            raise ValueError(f"{cls.__name__}.{name} must be {_describe(hint)}, not {type(value).__name__}")
+        loaded[name] = value
+    try:
+        return cls(**loaded)
+    except TypeError as exc:
+        raise ValueError(f"malformed {cls.__name__}: {exc}") from exc
+
+
+def _restore(value: Any, hint: Any) -> Any:
+    if typing.get_origin(hint) is tuple and isinstance(value, list | tuple):
+        item = typing.get_args(hint)[0]
+        return tuple(_restore(v, item) for v in value)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _load(hint, value)
+    if isinstance(hint, type) and issubclass(hint, StrEnum) and isinstance(value, str):
+        try:
+            return hint(value)
+        except ValueError:
+            return value  # reported by the type check
+    return value
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether plain data read off the wire has the annotated type (the Redis boundary's check)."""
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        return any(_fits(value, arm) for arm in typing.get_args(hint))
+    if origin is tuple:
+        item = typing.get_args(hint)[0]
+        return isinstance(value, tuple) and all(_fits(v, item) for v in value)
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _describe(hint: Any) -> str:
+    return str(hint) if typing.get_args(hint) else getattr(hint, "__name__", str(hint))

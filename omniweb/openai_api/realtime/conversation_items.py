@@ -1,0 +1,159 @@
+"""The conversation items of a Realtime session: ``conversation.item.*`` over ``items.Conversation``.
+
+What the server keeps beside an item's content costs memory, so a user's input audio is held in the
+process budget (``omniweb.budget``) while its item is in the conversation; the items over the cap go,
+their audio with them. The images of ``input_image`` parts enter the core's ``FrameBuffer``: the
+buffer holds them, not the items (its decoding guards and limits, its oldest leave first), and a
+response looks at its latest. ``ConversationItems`` writes each event through ``send``; what an item
+asks of the rest of the session it asks through callables (``transcribe``: its audio has no transcript
+yet; ``stop_writing``: a truncate of the answer still being written), so it runs without a socket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from omniweb import budget as process_budget
+from omniweb.conversation import BufferedFrame, FrameBuffer, now_ms
+from omniweb.media.frames import FrameError
+
+from . import server_events
+from .audio import MAX_INPUT_AUDIO_MS, SAMPLE_RATE, decode_pcm16
+from .errors import RealtimeError, new_id
+from .events import (
+    InputAudio,
+    InputImage,
+    ItemCreateEvent,
+    ItemDeleteEvent,
+    ItemRetrieveEvent,
+    ItemTruncateEvent,
+    image_from_data_url,
+)
+from .items import Conversation, Item
+
+MAX_ITEMS = 200
+MAX_INPUT_AUDIO_BYTES = MAX_INPUT_AUDIO_MS * SAMPLE_RATE * 2 // 1000  # the input audio buffer; one input_audio part
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@contextmanager
+def for_event(event_id: str | None) -> Iterator[None]:
+    """A refusal raised inside answers the client event ``event_id`` (its ``error.event_id``)."""
+    try:
+        yield
+    except RealtimeError as err:
+        err.event_id = event_id
+        raise
+
+
+class ConversationItems:
+    """The session's items, their audio held in the process budget, their images in ``frames``."""
+
+    def __init__(
+        self,
+        send: Send,
+        frames: FrameBuffer,
+        *,
+        transcribe: Callable[[Item], None],
+        stop_writing: Callable[[str], Awaitable[None]],
+        max_items: int = MAX_ITEMS,
+    ) -> None:
+        self.send = send
+        self.frames = frames
+        self.transcribe = transcribe
+        self.stop_writing = stop_writing
+        self.conversation = Conversation(max_items)
+
+    def add(self, item: Item, previous_item_id: str | None, event_id: str | None) -> None:
+        """Place an item, its audio reserved first; the items over the cap go (their audio back)."""
+        if item.audio and not process_budget.reserve(len(item.audio)):
+            raise RealtimeError(
+                process_budget.FULL_MESSAGE, code="server_overloaded", type="server_error", event_id=event_id
+            )
+        try:
+            _, dropped = self.conversation.add(item, previous_item_id)
+        except RealtimeError as err:
+            process_budget.release(len(item.audio))
+            err.event_id = event_id
+            raise
+        for old in dropped:
+            process_budget.release(len(old.audio))
+
+    async def on_create(self, event: ItemCreateEvent) -> None:
+        """The client's item, its parts decoded (audio, images into the frame buffer), then placed;
+        audio without a transcript is transcribed."""
+        spec = event.item
+        with for_event(event.event_id):
+            self.conversation.check_placement(spec.id, event.previous_item_id)
+        item = Item(id=spec.id or new_id("item"), role=spec.role, content=[])
+        audio = bytearray()
+        for index, part in enumerate(spec.content):
+            param = f"item.content[{index}]"
+            if part.type == "input_image":
+                await self._add_image(item, part, f"{param}.image_url", event.event_id)
+                item.content.append({"type": "input_image", "detail": part.detail})
+            elif part.type == "input_audio":
+                audio += self._part_audio(part, param, event.event_id)
+                item.content.append({"type": "input_audio", "transcript": part.transcript})
+            else:
+                item.content.append(part.model_dump(exclude_none=True))
+        item.audio = bytes(audio)
+        self.add(item, event.previous_item_id, event.event_id)
+        previous = self.conversation.previous_of(item)
+        await self.send(server_events.item_added(item, previous))
+        await self.send(server_events.item_done(item, previous))
+        if item.audio and not item.text():
+            self.transcribe(item)
+
+    @staticmethod
+    def _part_audio(part: InputAudio, param: str, event_id: str | None) -> bytes:
+        """An ``input_audio`` part's PCM; a part needs its audio or its transcript."""
+        if part.audio:
+            with for_event(event_id):
+                return decode_pcm16(part.audio, max_bytes=MAX_INPUT_AUDIO_BYTES, param=f"{param}.audio")
+        if not part.transcript:
+            raise RealtimeError("An input_audio part needs audio or a transcript", param=param, event_id=event_id)
+        return b""
+
+    async def _add_image(self, item: Item, part: InputImage, param: str, event_id: str | None) -> None:
+        b64 = image_from_data_url(part.image_url, param=param)
+        try:
+            # The buffer holds the image, not the item: its bytes leave with the buffer's oldest.
+            await self.frames.add(b64, received_ms=now_ms(), meta={"item_id": item.id})
+        except FrameError as exc:
+            raise RealtimeError(exc.message, param=param, code="invalid_image", event_id=event_id) from None
+
+    def decode_failed(self, frame: BufferedFrame) -> RealtimeError | None:
+        """An image the decode pool rejected leaves the buffer; the refusal to report (None: it had left)."""
+        if not self.frames.remove_failed(frame):
+            return None
+        item_id = frame.meta.get("item_id")
+        return RealtimeError(f"The image of item '{item_id}' could not be decoded", code="invalid_image")
+
+    async def on_delete(self, event: ItemDeleteEvent) -> None:
+        with for_event(event.event_id):
+            item = self.conversation.delete(event.item_id)
+        process_budget.release(len(item.audio))
+        await self.send(server_events.item_deleted(item.id))
+
+    async def on_retrieve(self, event: ItemRetrieveEvent) -> None:
+        with for_event(event.event_id):
+            item = self.conversation.get(event.item_id)
+        await self.send(server_events.item_retrieved(item))
+
+    async def on_truncate(self, event: ItemTruncateEvent) -> None:
+        """The client stopped playing an answer: cut it to what was heard (one still being written
+        stops first)."""
+        await self.stop_writing(event.item_id)
+        with for_event(event.event_id):
+            self.conversation.truncate(event.item_id, event.content_index, event.audio_end_ms)
+        await self.send(server_events.item_truncated(event.item_id, event.content_index, event.audio_end_ms))
+
+    def close(self) -> None:
+        """The session ended: every item's audio goes back to the process budget."""
+        for item in self.conversation.items:
+            process_budget.release(len(item.audio))
+        self.conversation.items.clear()

@@ -1,0 +1,205 @@
+"""The input audio of a Realtime session: ``input_audio_buffer.*``, the server VAD's turns and the
+user items' transcripts.
+
+Input audio (PCM16 24 kHz) goes to the core's ``Listener``: its ``AudioBuffer`` and, with
+``server_vad``, ``omniweb.vad.VoiceActivity`` (with ``semantic_vad``, ``SemanticVoiceActivity``, whose
+pauses the engine's end-of-turn model judges). ``speech_started`` names the item the speech will be
+and, during a response with ``interrupt_response``, cancels it; ``speech_stopped`` then the speech
+(``SpeechSegment``) becomes that user item and, with ``create_response``, is answered. The Listener
+transcribes the speech early, at a silence inside it, and streams what it is sure of (``Heard``: the
+item's first transcript deltas). ``input_audio_buffer.commit`` / ``.clear`` are its ``commit`` /
+``clear``.
+
+``Transcriber`` transcribes a user item's audio on the engine when no response does, and sends its
+transcript as ``transcripts.InputTranscripts`` writes it. Both write through ``send`` and reach the
+session's responses through ``Responses``; the tests drive them without a socket.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Protocol
+
+from omniweb.conversation import AudioRefused, Heard, Listener, SpeechSegment
+from omniweb.engine.client import EngineClient
+from omniweb.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, VadParams, VoiceActivity
+
+from . import server_events
+from .audio import MIN_COMMIT_MS, SAMPLE_RATE, decode_pcm16
+from .conversation_items import ConversationItems, Send, for_event
+from .errors import RealtimeError, new_id
+from .events import AudioAppendEvent, AudioClearEvent, AudioCommitEvent, ResponseParams
+from .items import Item
+from .responding import Responses
+from .session import AnySession, SemanticVad
+from .transcripts import InputTranscripts
+
+logger = logging.getLogger(__name__)
+
+
+class TranscriptOf(Protocol):
+    """Whisper's segment texts of PCM16 24 kHz audio, on the engine; None when it failed."""
+
+    def __call__(self, pcm24: bytes, request_id: str) -> Awaitable[list[str] | None]: ...
+
+
+class Transcriber:
+    """The user items' input audio transcription: each transcript's events, in order."""
+
+    def __init__(
+        self,
+        send: Send,
+        session: Callable[[], AnySession],
+        transcript_of: TranscriptOf,
+        spawn: Callable[[Coroutine[Any, Any, Any], str], None],
+    ) -> None:
+        self.send = send
+        self.session = session
+        self.transcript_of = transcript_of
+        self.spawn = spawn
+        self.transcripts = InputTranscripts()  # the deltas streaming sent per item
+
+    @property
+    def on(self) -> bool:
+        """Transcription is on (``audio.input.transcription``): the client gets the transcripts."""
+        return self.session().audio.input.transcription is not None
+
+    def start(self, item: Item) -> None:
+        """With transcription on, the item's audio is transcribed in the background."""
+        if self.on:
+            self.spawn(self._transcribe(item), "realtime transcription")
+
+    async def _transcribe(self, item: Item) -> None:
+        segments = await self.transcript_of(item.audio, new_id("asr"))
+        if segments is None:
+            await self.send(server_events.transcription_failed(item.id, "Transcription failed"))
+        else:
+            await self.transcribed(item, segments)
+
+    async def transcribed(self, item: Item, segments: Sequence[str]) -> None:
+        """The item's transcript; with transcription on, its deltas (one per Whisper segment), then
+        ``.completed``."""
+        for payload in self.transcripts.transcribed(item, segments, announce=self.on):
+            await self.send(payload)
+
+    async def heard(self, item_id: str, delta: str) -> None:
+        """Streaming recognition: with transcription on, the item's next delta."""
+        if self.on:
+            for payload in self.transcripts.heard(item_id, delta):
+                await self.send(payload)
+
+
+class InputAudio:
+    """The input audio buffer and the server VAD's turns over ``listener``."""
+
+    def __init__(
+        self,
+        send: Send,
+        listener: Listener,
+        items: ConversationItems,
+        transcriber: Transcriber,
+        responses: Responses,
+        *,
+        session: Callable[[], AnySession],
+        engine: EngineClient,
+    ) -> None:
+        self.send = send
+        self.listener = listener
+        self.items = items
+        self.transcriber = transcriber
+        self.responses = responses
+        self.session = session
+        self.engine = engine
+        self.vad_item_id: str | None = None  # the item id announced with speech_started
+
+    def configure_vad(self) -> None:
+        """The session's ``turn_detection`` from now on: its detector, or none (manual turns)."""
+        td = self.session().turn_detection
+        if td is None:
+            self.listener.listen_with(None)
+            return
+        if isinstance(td, SemanticVad):
+            vad: VoiceActivity = SemanticVoiceActivity(self.engine, td.eagerness, sample_rate=SAMPLE_RATE)
+        else:
+            params = VadParams(td.threshold, td.prefix_padding_ms, td.silence_duration_ms)
+            vad = VoiceActivity(self.engine, params, sample_rate=SAMPLE_RATE)
+        self.listener.listen_with(vad)
+        self.vad_item_id = None
+
+    async def on_append(self, event: AudioAppendEvent) -> None:
+        with for_event(event.event_id):
+            pcm = decode_pcm16(event.audio)
+        try:
+            heard = await self.listener.feed(pcm)
+        except AudioRefused as exc:
+            raise RealtimeError(exc.message, code="input_audio_buffer_overflow", event_id=event.event_id) from None
+        except Exception as exc:  # the engine could not run the detector: say so, keep the session
+            logger.warning("voice activity detection failed: %s", exc)
+            message = getattr(exc, "client_message", None) or "Voice activity detection failed"
+            raise RealtimeError(message, code="vad_failed", type="server_error") from None
+        for vad_event in heard:
+            if isinstance(vad_event, SpeechStarted):
+                await self._speech_started(vad_event)
+            elif isinstance(vad_event, SpeechStopped):
+                await self._speech_stopped(vad_event)
+            elif isinstance(vad_event, Heard):
+                if self.vad_item_id is not None:  # the item speech_started named
+                    await self.transcriber.heard(self.vad_item_id, vad_event.delta)
+            else:
+                await self._spoken(vad_event)
+
+    async def _speech_started(self, event: SpeechStarted) -> None:
+        td = self.session().turn_detection
+        self.vad_item_id = new_id("item")
+        await self.send(server_events.speech_started(event.audio_start_ms, self.vad_item_id))
+        if td is not None and td.interrupt_response and self.responses.running is not None:
+            await self.responses.cancel(server_events.cancelled("turn_detected"))
+
+    async def _speech_stopped(self, event: SpeechStopped) -> None:
+        self.vad_item_id = self.vad_item_id or new_id("item")
+        await self.send(server_events.speech_stopped(event.audio_end_ms, self.vad_item_id))
+
+    async def _spoken(self, segment: SpeechSegment) -> None:
+        """The speech that just stopped becomes a user item and, with ``create_response``, is answered."""
+        item_id = self.vad_item_id or new_id("item")
+        self.vad_item_id = None
+        await self._commit(segment.audio, item_id, event_id=None, transcript=await segment.transcript())
+        if self.session().responds:
+            if self.responses.running is not None:  # interrupt_response was off: the new turn waits for no one
+                await self.responses.cancel(server_events.cancelled("turn_detected"))
+            await self.responses.respond(ResponseParams(), event_id=None)
+
+    async def on_commit(self, event: AudioCommitEvent) -> None:
+        ms = self.listener.audio.duration_ms
+        if ms < MIN_COMMIT_MS:
+            raise RealtimeError(
+                f"Error committing input audio buffer: buffer too small. Expected at least "
+                f"{MIN_COMMIT_MS}ms of audio, but buffer only has {ms:.2f}ms of audio.",
+                code="input_audio_buffer_commit_empty",
+                event_id=event.event_id,
+            )
+        item_id = self.vad_item_id or new_id("item")
+        self.vad_item_id = None
+        await self._commit(self.listener.commit(), item_id, event_id=event.event_id)
+
+    async def _commit(
+        self, pcm: bytes, item_id: str, event_id: str | None, transcript: Sequence[str] | None = None
+    ) -> None:
+        """The committed audio becomes a user item (committed, added, done); its transcript follows,
+        unless it was made early (``transcript``) or the response it starts makes it."""
+        item = Item(id=item_id, role="user", content=[{"type": "input_audio", "transcript": None}], audio=pcm)
+        self.items.add(item, None, event_id)
+        previous = self.items.conversation.previous_of(item)
+        await self.send(server_events.audio_committed(item.id, previous))
+        await self.send(server_events.item_added(item, previous))
+        await self.send(server_events.item_done(item, previous))
+        if transcript is not None:
+            await self.transcriber.transcribed(item, transcript)
+        elif not (self.session().responds and event_id is None):
+            self.transcriber.start(item)
+
+    async def on_clear(self, event: AudioClearEvent) -> None:
+        self.listener.clear()
+        self.vad_item_id = None
+        await self.send(server_events.audio_cleared())
