@@ -125,10 +125,10 @@ async def ws_token(request: HttpRequest) -> HttpResponse:
 @require_GET
 def speech_page(request: HttpRequest) -> HttpResponse:
     """The speech page offers only what this server honours: its voices, formats and modes."""
+    from omniweb.engine.voice import voice
     from speech.protocol import SAMPLE_RATE
-    from speech.tts.model import capabilities
 
-    caps = capabilities()
+    caps = voice().capabilities()
     page = {
         "voices": list(caps.voices),
         "default_voice": caps.default_voice,

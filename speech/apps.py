@@ -9,9 +9,13 @@ class SpeechConfig(AppConfig):
 
     def ready(self) -> None:
         from omniweb.engine.runtime import register_pipeline
+        from omniweb.engine.voice import register_voice
 
         from .codec.loops import CODEC_PIPELINE, CodecPipeline
         from .tts.loops import PIPELINE, TtsPipeline
+        from .tts.voice import HibariVoice
+
+        register_voice(HibariVoice())  # the video and OpenAI endpoints speak with it, by name
 
         built: dict[str, Any] = {}
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import base64
 import io
 import wave
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from omniweb.engine.requests import Priority, SpeakRequest
+from omniweb.engine.voice import Capabilities
 from omniweb.errors import ErrorKind
 from omniweb.protocol import ProtocolError, describe_validation_error, excerpt, loads
 from omniweb.protocol import error as base_error
@@ -83,17 +83,6 @@ class SessionConfig(BaseModel):
                     "WebSocket stream_audio=true currently requires speed=1.0; use stream_audio=false for other speeds."
                 )
         return self
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What the loaded voice model can honour; plain data so it can cross process boundaries."""
-
-    model_names: tuple[str, ...]
-    voices: tuple[str, ...]
-    default_voice: str
-    languages: tuple[str, ...]
-    response_formats: tuple[str, ...]
 
 
 def parse_message(raw: str) -> dict[str, Any]:

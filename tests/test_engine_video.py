@@ -18,6 +18,9 @@ from support.voice import spoken
 from omniweb.engine.messages import Chunk, End, PcmAudio, to_wire
 from omniweb.engine.requests import AnswerRequest
 from omniweb.engine.scheduler import Scheduler
+from omniweb.engine.voice import voice
+from speech.text import split_text
+from speech.tts.voice import HibariVoice
 from video.engine.pipeline import NOTHING_HEARD, PIPELINE, VideoTurnPipeline
 from video.engine.sentences import SentenceStream, speakable
 
@@ -222,3 +225,14 @@ def test_sentence_waits_for_the_next_text_and_lines_break():
     assert s.flush() == ["- Three"]
     assert speakable("**Bold** and `code`  here") == "Bold and code here"
     assert s.flush() == []
+
+
+def test_the_turn_speaks_with_the_voice_the_speech_app_registered(pipeline):
+    """video reaches speech's voice by name (omniweb.engine.voice), never by import: the pipeline's
+    last loops are the registered voice's talker and vocoder, its sentences the voice's cut."""
+    assert isinstance(voice(), HibariVoice)
+    assert [loop.name for loop in pipeline.loops] == ["thinker", "talker", "vocoder"]
+    text = "Dr. Smith paid 3.5 dollars. He left!"
+    assert voice().sentences(text) == split_text(text, "sentence") == ["Dr. Smith paid 3.5 dollars.", "He left!"]
+    with pytest.raises(ValueError, match="Unknown voice 'nobody'"):
+        voice().validate(typed_request(AnswerRequest, question="Hi", voice="nobody"))

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
+from omniweb.engine.voice import Capabilities
 from omniweb.media.containers import STREAM_FORMATS, StreamEncoder, first_bytes_samples
 from omniweb.openai_api import protocol
 from omniweb.openai_api.protocol import APIError
 from omniweb.openai_api.uploads import decode_upload
-from speech.protocol import Capabilities
 
 CAPS = Capabilities(
     model_names=("hibari-tts", "hibari"),

@@ -10,8 +10,8 @@ import wave
 
 import pytest
 
+from omniweb.engine.voice import Capabilities
 from omniweb.media import frames
-from speech.protocol import Capabilities
 from video import protocol
 from video.protocol import ProtocolError
 

@@ -34,11 +34,11 @@ from omniweb.conversation import (
 from omniweb.conversation.clock import SessionClock
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
+from omniweb.engine.voice import voice
 from omniweb.errors import ErrorKind
 from omniweb.protocol import excerpt
 from omniweb.sessions import SessionConsumer
 from omniweb.tasks import spawn
-from speech.tts.model import capabilities
 
 from . import protocol
 from .protocol import ProtocolError, VideoSessionConfig
@@ -94,7 +94,7 @@ class VideoStreamConsumer(SessionConsumer):
             report_decode_failure=lambda frame: self.inbox.post(_DecodeFailed(frame)),
             on_idle=self._on_turn_idle,
         )
-        self.caps = capabilities()
+        self.caps = voice().capabilities()
         self.clock = SessionClock(
             config_timeout=settings.VIDEO_CONFIG_TIMEOUT,
             idle_timeout=settings.VIDEO_IDLE_TIMEOUT,

@@ -17,8 +17,8 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from omniweb.engine.voice import Capabilities
 from omniweb.media.containers import STREAM_FORMATS
-from speech.protocol import Capabilities
 
 # OpenAI's model names, accepted as aliases of the local models, each also with a snapshot date
 # ("gpt-4o-mini-tts-2025-03-20": see is_alias). /v1/models lists them undated.

@@ -33,10 +33,10 @@ from omniweb.asr.whisper import SAMPLE_RATE as ENGINE_RATE
 from omniweb.engine.messages import Chunk, End, PcmAudio, Segment, Status
 from omniweb.engine.requests import SPEECH, Priority, TranscribeRequest
 from omniweb.engine.runtime import get_engine_client, loaded_engine_client
+from omniweb.engine.voice import voice
 from omniweb.errors import ErrorKind
 from omniweb.media.containers import StreamEncoder, first_bytes_samples
 from speech.protocol import SAMPLE_RATE, SessionConfig, tts_request
-from speech.tts.model import capabilities
 from speech.tts.vocoder import HOP
 
 from . import protocol
@@ -159,7 +159,7 @@ def first_pieces(pcm: bytes, need: int) -> tuple[bytes, ...]:
 
 @functools.cache
 def _voice_table() -> dict[str, str]:
-    caps = capabilities()
+    caps = voice().capabilities()
     return protocol.voice_table(settings.OPENAI_VOICE_MAP, caps.voices, caps.default_voice)
 
 
@@ -180,7 +180,7 @@ async def speech(request: HttpRequest) -> HttpResponse:
     try:
         check_access(request, "POST")
         data = protocol.parse_json_body(request.content_type or "", _body(request))
-        caps = capabilities()
+        caps = voice().capabilities()
         params = protocol.parse_speech(data, caps, _voice_table(), settings.SPEECH_MAX_TEXT_CHARS)
     except APIError as exc:
         return error_response(exc)
@@ -425,7 +425,7 @@ _OPENAI_ALIASES = (*protocol.SPEECH_MODEL_ALIASES, *protocol.TRANSCRIBE_MODEL_AL
 def _served() -> list[tuple[str, str]]:
     """Every model name this server answers to: the voice, the transcriber, the realtime
     conversation, the video thinker."""
-    caps = capabilities()
+    caps = voice().capabilities()
     names = [caps.model_names[0], *protocol.SPEECH_MODEL_ALIASES, protocol.TRANSCRIBE_MODEL]
     names += [*protocol.TRANSCRIBE_MODEL_ALIASES, *protocol.REALTIME_MODEL_ALIASES]
     # The video thinker (on /v1/video/chat/stream): the built-in scene analyser, or the upstream model.

@@ -431,7 +431,7 @@ class CodecPipeline:
         speak = expect(request, SpeakRequest)
         if speak.codec_output not in OUTPUTS:
             raise ValueError(f"codec_output must be one of {', '.join(OUTPUTS)}")
-        validate_voice(speak, self.talker)
+        validate_voice(speak, self.talker.caps.voices)
 
     def finish(self, finals: list[dict[str, Any]]) -> End:
         return speech_end(finals)

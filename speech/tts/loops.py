@@ -7,8 +7,8 @@ sentence *i+1*, and time to first audio does not grow with the length of the flu
 
 In incremental mode (``TalkerLoop(..., incremental=True)``) the talker's text does not come with the
 request: an upstream loop of the same request (e.g. a thinker writing an answer) appends complete
-sentences to the ``TEXT_IN`` slot as it produces them and sets ``TEXT_IN_DONE`` when it has no more,
-so each sentence is spoken while the next is still being written.
+sentences to the ``TEXT_IN`` slot (``omniweb.engine.voice``) as it produces them and sets
+``TEXT_IN_DONE`` when it has no more, so each sentence is spoken while the next is still being written.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from omniweb.engine.contracts import (
 )
 from omniweb.engine.messages import Chunk, End, PcmAudio, SentenceEnd, SentenceStart, WordTiming
 from omniweb.engine.requests import SPEECH, EngineRequest, SpeakingRequest, SpeakRequest, expect
+from omniweb.engine.voice import TEXT_IN, TEXT_IN_DONE
 from speech.text import bound_units, split_text
 
 from .model import HibariTalker, SentenceFrames
@@ -43,8 +44,6 @@ from .vocoder import SAMPLE_RATE, SpectralBackend, VocoderStream, run_chunks_bat
 PIPELINE = SPEECH
 SENTENCES = "sentences"  # slot: deque[SentenceFrames], talker → vocoder
 TALKER_DONE = "talker_done"
-TEXT_IN = "talker_text"  # slot: list[str], upstream loop → talker (incremental mode)
-TEXT_IN_DONE = "talker_text_done"  # slot: bool, the upstream loop has appended its last sentence
 TALKER_LEAD_SECONDS = 1.0  # synthesize the next sentence this long before the listener needs it
 FRAME_SECONDS = 0.0125
 
@@ -370,11 +369,11 @@ def vocoder_backend() -> SpectralBackend | None:
         raise ImproperlyConfigured(f"vocoder device {device!r}: {exc}") from exc
 
 
-def validate_voice(request: SpeakingRequest, talker: HibariTalker) -> None:
-    """The talker settings of any pipeline that speaks: a voice on disk and a speed in range."""
+def validate_voice(request: SpeakingRequest, voices: tuple[str, ...]) -> None:
+    """The talker settings of any pipeline that speaks: one of ``voices`` (those on disk) and a speed in range."""
     voice = request.voice
-    if voice is not None and voice not in talker.caps.voices:
-        raise ValueError(f"Unknown voice '{voice}'; available voices: {', '.join(talker.caps.voices)}")
+    if voice is not None and voice not in voices:
+        raise ValueError(f"Unknown voice '{voice}'; available voices: {', '.join(voices)}")
     speed = float(request.speed or 1.0)
     if not 0.25 <= speed <= 4.0:
         raise ValueError("speed must be between 0.25 and 4.0")
@@ -406,7 +405,7 @@ class TtsPipeline:
         )
 
     def validate(self, request: EngineRequest) -> None:
-        validate_voice(expect(request, SpeakRequest), self.talker)
+        validate_voice(expect(request, SpeakRequest), self.talker.caps.voices)
 
     def finish(self, finals: list[dict[str, Any]]) -> End:
         return speech_end(finals)

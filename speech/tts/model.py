@@ -18,7 +18,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from omniweb.devices import device_for
-from speech.protocol import Capabilities, available_formats
+from omniweb.engine.voice import Capabilities
+from speech.protocol import available_formats
 from speech.text import align_words, model_text
 
 from .vocoder import AcousticFrames, VocoderStream, draw_noise

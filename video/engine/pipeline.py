@@ -8,9 +8,10 @@ the voice, ``timestamps`` (the talker times each spoken word, as for the speech 
 Chunks, in order per kind: ``Transcript`` (only when the question came from the audio, or with
 ``transcribe``; before any text); ``TextDelta``s; ``TextEnd`` once the answer's text is complete
 (not after a thinker failure), so it can be shown before its audio ends; when "audio" is in the
-modalities the TTS loops' ``SentenceStart`` / ``PcmAudio`` (24 kHz) / ``SentenceEnd`` (both ends
-carry the sentence's word timings when asked for), each sentence spoken as soon as the thinker has
-completed it; then the scheduler's ``End``. On success it carries ``text`` (the whole answer) and
+modalities the voice's loops' (``omniweb.engine.voice``: the speech app's talker and vocoder)
+``SentenceStart`` / ``PcmAudio`` (24 kHz) / ``SentenceEnd`` (both ends carry the sentence's word
+timings when asked for), each sentence spoken as soon as the thinker has completed it; then the
+scheduler's ``End``. On success it carries ``text`` (the whole answer) and
 ``transcript`` (when there was one). When the thinker fails in a way the client may hear about (the
 upstream server refused, timed out, sent garbage), the ``End`` has ``Status.ERROR``, kind
 ``upstream_failure`` and a client-safe ``message`` of ours, plus the ``text`` streamed so far.
@@ -35,9 +36,8 @@ from omniweb.asr.whisper import Options as AsrOptions
 from omniweb.engine.contracts import DONE, Done, ShapeSignature, StepResult, WaitFor, Waiting, WorkPlan
 from omniweb.engine.messages import Chunk, End, Status, TextDelta, TextEnd, Transcript
 from omniweb.engine.requests import VIDEO_TURN, AnswerRequest, EngineRequest, expect
+from omniweb.engine.voice import TEXT_IN, TEXT_IN_DONE, voice
 from omniweb.errors import ErrorKind
-from speech.tts.loops import TEXT_IN, TEXT_IN_DONE, TalkerLoop, VocoderLoop, validate_voice, vocoder_backend
-from speech.tts.model import HibariTalker
 
 from .sentences import SentenceStream
 from .thinkers import Frame, SceneThinker, Thinker, ThinkerError, ThinkerRun, Turn, WaitableRun
@@ -214,14 +214,10 @@ class VideoTurnPipeline:
     name = PIPELINE
 
     def __init__(self) -> None:
-        self.talker = HibariTalker()
+        self.voice = voice()  # the server's voice (the speech app's), reached by name
         self.thinker = make_thinker()
         self.recognizer = shared_recognizer()  # one Whisper per process: every transcription batches on it
-        self.loops = (
-            ThinkerLoop(self.thinker, self.recognizer),
-            TalkerLoop(self.talker, settings.TALKER_LOOKAHEAD, incremental=True),
-            VocoderLoop(settings.VOCODER_CHUNK_FRAMES, settings.VOCODER_FIRST_CHUNK_FRAMES, vocoder_backend()),
-        )
+        self.loops = (ThinkerLoop(self.thinker, self.recognizer), *self.voice.speaking_loops())
 
     def validate(self, request: EngineRequest) -> None:
         answer = expect(request, AnswerRequest)
@@ -231,7 +227,7 @@ class VideoTurnPipeline:
             raise ValueError("history roles must be user or assistant")
         if not set(answer.modalities) <= set(MODALITIES):
             raise ValueError("modalities must be a subset of ['text', 'audio']")
-        validate_voice(answer, self.talker)
+        self.voice.validate(answer)
 
     def finish(self, finals: list[dict[str, Any]]) -> End:
         thought = finals[0]

@@ -3,8 +3,8 @@
 A thinker writes its answer delta by delta; the talker should start speaking a sentence the moment
 it is complete rather than when the whole answer is. A sentence is complete once the text after it
 proves the boundary (hibari's rule needs the next non-space character: "Dr. Smith" or "3.5" must not
-be cut), or when the answer ends. The pieces are cut with ``speech.text.split_text`` so the voice
-sees exactly the sentences it would see for the whole answer at once.
+be cut), or when the answer ends. The pieces are cut by the voice's own splitter (``omniweb.engine.voice``) so
+it sees exactly the sentences it would see for the whole answer at once.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 
 from hibari.tts import _SENT_END, _ends_sentence
 
-from speech.text import split_text
+from omniweb.engine.voice import voice
 
 _LINE_BREAK = re.compile(r"\n\s*(?=\S)")
 # Markdown an upstream model may write that the voice should not read out ("**", "#", "`").
@@ -57,4 +57,4 @@ def _last_boundary(text: str) -> int:
 
 
 def _pieces(text: str) -> list[str]:
-    return [s for piece in split_text(text, "sentence") if (s := speakable(piece))]
+    return [s for piece in voice().sentences(text) if (s := speakable(piece))]

@@ -35,11 +35,11 @@ from omniweb.conversation.clock import SessionClock
 from omniweb.conversation.transcription import segment_texts
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
+from omniweb.engine.voice import voice
 from omniweb.errors import ErrorKind
 from omniweb.protocol import dumps
 from omniweb.sessions import SessionConsumer
 from omniweb.tasks import spawn
-from speech.tts.model import capabilities
 
 from . import events, server_events
 from .audio import to_engine_rate
@@ -64,7 +64,7 @@ class RealtimeConsumer(SessionConsumer):
     async def connect(self) -> None:
         # First use may load the models: off the event loop.
         self.engine: EngineClient = await asyncio.to_thread(get_engine_client)
-        caps = capabilities()
+        caps = voice().capabilities()
         self.voices = voice_names(caps.voices, caps.default_voice)
         # SessionConsumer.config: never None here
         self.config: AnySession = session_from_query(self.scope.get("query_string", b""), self.voices)
