@@ -32,10 +32,10 @@ from omniweb.engine.messages import End, TurnProbabilities
 from omniweb.engine.requests import END_OF_TURN, EndOfTurnRequest, EngineRequest, expect
 
 PIPELINE = END_OF_TURN
-SAMPLE_RATE = 16_000
-WINDOW_SECONDS = 8
+SAMPLE_RATE = EndOfTurnRequest.SAMPLE_RATE
+WINDOW_SECONDS = EndOfTurnRequest.WINDOW_SECONDS
 WINDOW_SAMPLES = WINDOW_SECONDS * SAMPLE_RATE  # the model sees exactly this much audio
-MAX_WINDOWS = 8  # per request: a session asks for a few windows per pause
+MAX_WINDOWS = EndOfTurnRequest.MAX_WINDOWS
 MODEL_FILE = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
 MODEL_DIST = "pipecat-ai"
 _NORM_EPS = 1e-7  # the variance floor of Whisper's feature extractor's normalization

@@ -35,8 +35,6 @@ from omniweb.engine.client import EngineClient
 from omniweb.engine.messages import End, TurnProbabilities, VoiceProbabilities
 from omniweb.engine.requests import EndOfTurnRequest, VadRequest
 from omniweb.errors import EngineError, ErrorKind
-from omniweb.turn_engine import WINDOW_SECONDS as TURN_WINDOW_SECONDS
-from omniweb.vad_engine import MAX_WINDOWS, SAMPLE_RATE, WINDOW_BYTES, WINDOW_MS
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +54,7 @@ TURN_TAILS_MS = (0, 64)
 # cut there, called "the quick" complete. pipecat runs Smart Turn after 200 ms of silence too.
 MIN_PAUSE_MS = 200
 CHECK_MS = max(MIN_PAUSE_MS, *TURN_TAILS_MS)  # the check runs this far into the pause
-BYTES_PER_MS = 2 * SAMPLE_RATE // 1000
+BYTES_PER_MS = 2 * VadRequest.SAMPLE_RATE // 1000
 
 
 @dataclass(frozen=True)
@@ -183,7 +181,7 @@ class VoiceActivity:
         self.params = params
         self.sample_rate = sample_rate
         self.detector = TurnDetector(params)
-        self._resampler = _Resampler(sample_rate) if sample_rate != SAMPLE_RATE else None
+        self._resampler = _Resampler(sample_rate) if sample_rate != VadRequest.SAMPLE_RATE else None
         self._odd = b""  # a trailing odd byte, completed by the next feed
         self._pending = bytearray()  # 16 kHz PCM16 not yet a whole window
         self._sent = 0  # 16 kHz samples handed to the engine (or skipped by reset)
@@ -207,8 +205,10 @@ class VoiceActivity:
         self._pending += self._resampler.push(data) if self._resampler is not None else data
         events: list[SpeechStarted | SpeechStopped] = []
         async with self._lock:
-            while len(self._pending) >= WINDOW_BYTES:
-                size = min(len(self._pending) // WINDOW_BYTES, MAX_WINDOWS) * WINDOW_BYTES
+            while len(self._pending) >= VadRequest.WINDOW_BYTES:
+                size = (
+                    min(len(self._pending) // VadRequest.WINDOW_BYTES, VadRequest.MAX_WINDOWS) * VadRequest.WINDOW_BYTES
+                )
                 pcm = bytes(self._pending[:size])
                 del self._pending[:size]
                 self._sent += size // 2
@@ -230,11 +230,11 @@ class VoiceActivity:
         self._pending.clear()
         self._state = None
         self._epoch += 1
-        self.detector.reset(clock_ms=1000.0 * self._sent / SAMPLE_RATE)
+        self.detector.reset(clock_ms=1000.0 * self._sent / VadRequest.SAMPLE_RATE)
 
     async def _run(self, pcm: bytes) -> tuple[list[float], float, bytes]:
         probs: list[float] | None = None
-        window_ms, state = WINDOW_MS, b""
+        window_ms, state = VadRequest.WINDOW_MS, b""
         async for chunk in self._engine.stream(VadRequest(pcm=pcm, state=self._state)):
             if isinstance(chunk, VoiceProbabilities):
                 probs, window_ms, state = list(chunk.probs), chunk.window_ms, chunk.state
@@ -255,7 +255,7 @@ class SemanticVoiceActivity(VoiceActivity):
         super().__init__(engine, VadParams(silence_duration_ms=self.eagerness.max_wait_ms), sample_rate)
         self._recent = bytearray()  # the last ``_keep`` bytes of 16 kHz audio the detector has had
         self._recent_end_ms = 0.0  # where that audio ends on the detector's clock
-        self._keep = (TURN_WINDOW_SECONDS * 1000 + 2 * CHECK_MS) * BYTES_PER_MS
+        self._keep = (EndOfTurnRequest.WINDOW_SECONDS * 1000 + 2 * CHECK_MS) * BYTES_PER_MS
         self._turn_start_ms = 0.0
         self._checked: float | None = None  # the pause already checked (where its silence began)
 
@@ -267,7 +267,7 @@ class SemanticVoiceActivity(VoiceActivity):
     async def _detect(self, pcm: bytes, probs: Sequence[float], window_ms: float, epoch: int) -> list[VadEvent]:
         """Window by window, so that a pause is checked where it is, however the audio was split."""
         detector = self.detector
-        self._recent_end_ms = detector.clock_ms + 1000.0 * len(pcm) / 2 / SAMPLE_RATE
+        self._recent_end_ms = detector.clock_ms + 1000.0 * len(pcm) / 2 / VadRequest.SAMPLE_RATE
         self._recent += pcm
         del self._recent[: max(0, len(self._recent) - self._keep)]
         events: list[VadEvent] = []
@@ -300,7 +300,7 @@ class SemanticVoiceActivity(VoiceActivity):
 
     def _audio(self, end_ms: float) -> bytes:
         """The turn's audio up to ``end_ms`` (at most the model's 8 s)."""
-        start_ms = max(self._turn_start_ms, end_ms - TURN_WINDOW_SECONDS * 1000)
+        start_ms = max(self._turn_start_ms, end_ms - EndOfTurnRequest.WINDOW_SECONDS * 1000)
         end = len(self._recent) - round(self._recent_end_ms - end_ms) * BYTES_PER_MS
         start = max(0, len(self._recent) - round(self._recent_end_ms - start_ms) * BYTES_PER_MS)
         return bytes(self._recent[start:end])
@@ -323,7 +323,7 @@ class _Resampler:
 
     def __init__(self, rate: int) -> None:
         self._rate = rate
-        self._av = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+        self._av = av.AudioResampler(format="s16", layout="mono", rate=VadRequest.SAMPLE_RATE)
 
     def push(self, pcm: bytes) -> bytes:
         if not pcm:

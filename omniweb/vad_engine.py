@@ -27,15 +27,15 @@ from omniweb.engine.messages import End, VoiceProbabilities
 from omniweb.engine.requests import VAD, EngineRequest, VadRequest, expect
 
 PIPELINE = VAD
-SAMPLE_RATE = 16_000
-WINDOW_SAMPLES = 512  # Silero's window at 16 kHz
-WINDOW_MS = 1000.0 * WINDOW_SAMPLES / SAMPLE_RATE  # 32.0
-WINDOW_BYTES = 2 * WINDOW_SAMPLES
+SAMPLE_RATE = VadRequest.SAMPLE_RATE
+WINDOW_SAMPLES = VadRequest.WINDOW_SAMPLES
+WINDOW_MS = VadRequest.WINDOW_MS
+WINDOW_BYTES = VadRequest.WINDOW_BYTES
 CONTEXT_SAMPLES = 64  # the tail of the previous window the model sees before each window
 HIDDEN = 128
 STATE_FLOATS = 2 * HIDDEN + CONTEXT_SAMPLES  # h, c, context
 STATE_BYTES = 4 * STATE_FLOATS
-MAX_WINDOWS = 1024  # one request's audio at most (~33 s): a session splits longer feeds
+MAX_WINDOWS = VadRequest.MAX_WINDOWS
 
 
 def model_path() -> str:

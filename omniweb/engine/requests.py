@@ -144,7 +144,14 @@ class TranscribeRequest(EngineRequest):
 @dataclass(frozen=True, kw_only=True)
 class VadRequest(EngineRequest):
     """Silero's speech probabilities for ``pcm`` (PCM16 16 kHz, whole windows); ``state``: the model's
-    state after the session's previous windows (None starts a stream)."""
+    state after the session's previous windows (None starts a stream). The shape constants are the
+    contract the session VAD (omniweb.vad) builds requests by and the pipeline refuses others by."""
+
+    SAMPLE_RATE: ClassVar[int] = 16_000
+    WINDOW_SAMPLES: ClassVar[int] = 512  # Silero's window at 16 kHz
+    WINDOW_MS: ClassVar[float] = 1000.0 * 512 / 16_000  # 32.0
+    WINDOW_BYTES: ClassVar[int] = 2 * 512
+    MAX_WINDOWS: ClassVar[int] = 1024  # one request's audio at most (~33 s): a session splits longer feeds
 
     pipeline: str = VAD
     pcm: bytes
@@ -154,6 +161,10 @@ class VadRequest(EngineRequest):
 @dataclass(frozen=True, kw_only=True)
 class EndOfTurnRequest(EngineRequest):
     """Smart Turn's end-of-turn probability for each window (PCM16 16 kHz mono, each <= 8 s)."""
+
+    SAMPLE_RATE: ClassVar[int] = 16_000
+    WINDOW_SECONDS: ClassVar[int] = 8  # the model sees exactly this much audio (the end of the turn)
+    MAX_WINDOWS: ClassVar[int] = 8  # per request: a session asks for a few windows per pause
 
     pipeline: str = END_OF_TURN
     windows: tuple[bytes, ...] = field(default=())
