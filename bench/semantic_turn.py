@@ -57,7 +57,7 @@ from speech_latency import free_port, load_average, pct, serving  # noqa: E402
 from support.paused_speech import PausedQuestion, paused_question, pcm16  # noqa: E402
 
 CHUNK_MS = 20
-# Not the sentences the detector's windows and thresholds were chosen on (omniweb/vad.py).
+# Not the sentences the detector's windows and thresholds were chosen on (omniweb/conversation/vad.py).
 QUESTIONS = [
     "What is the colour of, the cup on the table?",
     "Can you read the label on, the bottle in my hand?",

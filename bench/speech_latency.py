@@ -706,8 +706,8 @@ def floor_unit_seconds(text: str, repeats: int = 40) -> float:
     import onnxruntime as ort
     from hibari import Hibari, voices
 
-    from speech.text import model_text, split_text
     from speech.tts.model import capabilities
+    from speech.tts.text import model_text, split_text
 
     voice = capabilities().default_voice
     path = voices.voice_path(voice, download_missing=False)

@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime as ort
     from hibari import Hibari, voices
 
-    from speech.text import model_text
     from speech.tts.model import capabilities
+    from speech.tts.text import model_text
 
     voice = capabilities().default_voice
     path = voices.voice_path(voice, download_missing=False)

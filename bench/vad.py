@@ -45,10 +45,10 @@ django.setup()
 
 from scipy.signal import resample_poly  # noqa: E402
 
+from omniweb.asr.vad_engine import PIPELINE, WINDOW_BYTES, WINDOW_MS, SileroVad, VadPipeline  # noqa: E402
+from omniweb.conversation.vad import VadParams, VoiceActivity  # noqa: E402
 from omniweb.engine.client import LocalEngineClient  # noqa: E402
 from omniweb.engine.scheduler import Scheduler  # noqa: E402
-from omniweb.vad import VadParams, VoiceActivity  # noqa: E402
-from omniweb.vad_engine import PIPELINE, WINDOW_BYTES, WINDOW_MS, SileroVad, VadPipeline  # noqa: E402
 
 WINDOWS_PER_SECOND = 1000.0 / WINDOW_MS
 

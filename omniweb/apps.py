@@ -7,8 +7,8 @@ class OmniwebConfig(AppConfig):
     verbose_name = "omniweb runtime"
 
     def ready(self) -> None:
-        from . import turn_engine, vad_engine
         from .asr import pipeline as asr
+        from .asr import turn_engine, vad_engine
         from .engine.runtime import register_pipeline
 
         # The models load when the engine starts (workers only): Silero VAD, Smart Turn (semantic_vad),

@@ -17,14 +17,14 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  # noqa: E402  (needs Django)
 
-from omniweb.auth import EngineTenant, websocket_access  # noqa: E402
 from omniweb.engine.runtime import get_engine_client, wait_loaded  # noqa: E402
 from omniweb.engine.worker import EngineWorkerConsumer  # noqa: E402
 from omniweb.openai_api.asgi import http_abort, shed_early  # noqa: E402
 from omniweb.openai_api.protocol import busy  # noqa: E402
 from omniweb.routing import websocket_urlpatterns  # noqa: E402
-from omniweb.security import browser_origin_validator, known_paths_only  # noqa: E402
-from omniweb.transport import send_buffer_probe  # noqa: E402
+from omniweb.web.auth import EngineTenant, websocket_access  # noqa: E402
+from omniweb.web.security import browser_origin_validator, known_paths_only  # noqa: E402
+from omniweb.web.transport import send_buffer_probe  # noqa: E402
 from speech.tts.loops import PIPELINE as TTS_PIPELINE  # noqa: E402
 
 # Django runs a request's few synchronous parts (the request signals, response.close) on a thread
@@ -56,7 +56,7 @@ application = EngineTenant(
                 json.dumps(busy().body()).encode(),
             ),
             # Unknown paths refused first; the Origin check, then API tokens and the per-client session
-            # limit (omniweb.auth), then routes.
+            # limit (omniweb.web.auth), then routes.
             "websocket": send_buffer_probe(
                 known_paths_only(
                     browser_origin_validator(websocket_access(URLRouter(websocket_urlpatterns))), websocket_urlpatterns

@@ -39,7 +39,7 @@ SECRET_KEY = env_str("SECRET_KEY", "") or secrets.token_urlsafe(50)
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
 # Browser Origins allowed to open WebSockets, as full origins ("https://speech.example.org:8443"):
-# scheme, host and port must all match. Empty: any port of an ALLOWED_HOSTS host (omniweb/security.py).
+# scheme, host and port must all match. Empty: any port of an ALLOWED_HOSTS host (omniweb/web/security.py).
 ALLOWED_ORIGINS = env_list("ALLOWED_ORIGINS", "")
 
 INSTALLED_APPS = [
@@ -52,12 +52,12 @@ INSTALLED_APPS = [
     "omniweb.openai_api",  # OpenAI-compatible HTTP audio APIs (/v1/audio/speech, /v1/audio/transcriptions, /v1/models)
 ]
 
-# Django's own middlewares, with their hooks run on the event loop (omniweb/middleware.py says why).
+# Django's own middlewares, with their hooks run on the event loop (omniweb/web/middleware.py says why).
 MIDDLEWARE = [
-    "omniweb.middleware.RequestIdMiddleware",  # first: every response carries X-Request-Id
-    "omniweb.middleware.SecurityMiddleware",
-    "omniweb.middleware.CommonMiddleware",
-    "omniweb.middleware.XFrameOptionsMiddleware",
+    "omniweb.web.middleware.RequestIdMiddleware",  # first: every response carries X-Request-Id
+    "omniweb.web.middleware.SecurityMiddleware",
+    "omniweb.web.middleware.CommonMiddleware",
+    "omniweb.web.middleware.XFrameOptionsMiddleware",
 ]
 
 ROOT_URLCONF = "omniweb.urls"
@@ -123,7 +123,7 @@ DAPHNE_WEBSOCKET_MAX_FRAME_SIZE = WEBSOCKET_MAX_MESSAGE_SIZE
 
 # Engine runtime.
 DEVICE = env_str("DEVICE", "cpu")  # "cpu", "cuda" or "cuda:N"; see docs in README
-# Per model (omniweb.devices): empty means DEVICE. A GPU worker may keep some models on the CPU.
+# Per model (omniweb.base.devices): empty means DEVICE. A GPU worker may keep some models on the CPU.
 TTS_DEVICE = env_str("TTS_DEVICE", "")
 VOCODER_DEVICE = env_str("VOCODER_DEVICE", "")
 ASR_DEVICE = env_str("ASR_DEVICE", "")
@@ -175,7 +175,7 @@ CODEC_FIRST_PACKET_FRAMES = env_int("CODEC_FIRST_PACKET_FRAMES", 4)
 SPEECH_IDLE_TIMEOUT = env_float("SPEECH_IDLE_TIMEOUT", 30.0)
 SPEECH_CONFIG_TIMEOUT = env_float("SPEECH_CONFIG_TIMEOUT", 10.0)
 SPEECH_MAX_TEXT_CHARS = env_int("SPEECH_MAX_TEXT_CHARS", 100_000)  # buffered text per utterance
-# What the talker synthesizes in one step (speech.text.bound_units), so every step is short and
+# What the talker synthesizes in one step (speech.tts.text.bound_units), so every step is short and
 # cancellable whatever the text: at most this many characters, cut at clause marks...
 TALKER_MAX_UNIT_CHARS = env_int("TALKER_MAX_UNIT_CHARS", 1500)
 # ...and no run without a clause mark longer than this (hibari cannot cut one), cut between words.
@@ -195,7 +195,7 @@ VIDEO_CONFIG_TIMEOUT = env_float("VIDEO_CONFIG_TIMEOUT", 10.0)
 VIDEO_MAX_FRAME_PIXELS = env_int("VIDEO_MAX_FRAME_PIXELS", 4096 * 4096)
 # Bytes all sessions of one process may hold together (frames, microphone audio, speech text, held
 # messages and file audio, replies queued for slow clients): beyond it new work is refused with an
-# error, or a client far behind is let go (omniweb/budget.py). Per-session caps still apply.
+# error, or a client far behind is let go (omniweb/base/budget.py). Per-session caps still apply.
 PROCESS_BUFFER_BUDGET = env_int("PROCESS_BUFFER_BUDGET", 2 * 1024 * 1024 * 1024)
 # Threads of the frame decode pool (omniweb/media/decoding.py): client frame decodes run there only.
 VIDEO_DECODE_THREADS = env_int("VIDEO_DECODE_THREADS", 2)
@@ -229,7 +229,7 @@ LOGGING = {
     # Times in UTC (ISO 8601 with a Z), whatever the machine's zone; " [req_…]" while serving an HTTP request.
     "formatters": {
         "plain": {
-            "()": "omniweb.logs.UTCFormatter",
+            "()": "omniweb.web.logs.UTCFormatter",
             "fmt": "%(asctime)s %(levelname)s %(name)s%(request)s: %(message)s",
         }
     },
@@ -257,7 +257,7 @@ SERVESTATIC_USE_FINDERS = True  # straight from static/: no collectstatic step t
 
 # Hardening (issue #11). The pages load only their own ES modules and stylesheet (no inline script
 # or style anywhere in templates/), so the policy can be strict; both middlewares are async-capable.
-MIDDLEWARE += ["omniweb.middleware.CSPMiddleware", "django_permissions_policy.PermissionsPolicyMiddleware"]
+MIDDLEWARE += ["omniweb.web.middleware.CSPMiddleware", "django_permissions_policy.PermissionsPolicyMiddleware"]
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": ["'self'"],

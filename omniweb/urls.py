@@ -1,7 +1,7 @@
 from django.urls import include, path
 from django.views.generic import TemplateView
 
-from . import views
+from .web import views
 
 urlpatterns = [
     path("", TemplateView.as_view(template_name="index.html"), name="index"),

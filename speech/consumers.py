@@ -31,7 +31,10 @@ from typing import Any
 
 from django.conf import settings
 
-from omniweb import budget  # metrics: ops instrumentation (time to first audio)
+from omniweb.base import budget  # metrics: ops instrumentation (time to first audio)
+from omniweb.base.errors import ErrorKind
+from omniweb.base.protocol import excerpt
+from omniweb.base.tasks import spawn
 from omniweb.conversation import (
     Conversation,
     ConversationState,
@@ -44,18 +47,15 @@ from omniweb.conversation.clock import SessionClock
 from omniweb.engine.client import EngineClient
 from omniweb.engine.requests import SpeakRequest
 from omniweb.engine.runtime import get_engine_client
-from omniweb.errors import ErrorKind
-from omniweb.protocol import excerpt
-from omniweb.sessions import SessionConsumer
-from omniweb.tasks import spawn
+from omniweb.web.sessions import SessionConsumer
 
 from . import protocol
 from .codec.loops import CODEC_PIPELINE, shared_codec
 from .codec.model import CodecTableError
 from .protocol import ProtocolError, SessionConfig
-from .text import split_text
 from .tts.loops import PIPELINE
 from .tts.model import capabilities
+from .tts.text import split_text
 from .utterances import Utterance
 
 logger = logging.getLogger(__name__)

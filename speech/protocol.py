@@ -13,11 +13,12 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from omniweb.base.errors import ErrorKind
+from omniweb.base.protocol import ProtocolError, describe_validation_error, excerpt, loads
+from omniweb.base.protocol import error as base_error
 from omniweb.engine.requests import Priority, SpeakRequest
 from omniweb.engine.voice import Capabilities
-from omniweb.errors import ErrorKind
-from omniweb.protocol import ProtocolError, describe_validation_error, excerpt, loads
-from omniweb.protocol import error as base_error
+from omniweb.media.containers import SOUNDFILE_FORMATS
 
 SAMPLE_RATE = 24000
 BYTES_PER_SAMPLE = 2  # 16-bit mono PCM
@@ -305,9 +306,6 @@ def encode_audio(pcm: bytes, response_format: str) -> bytes:
     return _encode_compressed(pcm, response_format)
 
 
-SOUNDFILE_FORMATS = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
-
-
 def _encode_compressed(pcm: bytes, response_format: str) -> bytes:
     import numpy as np
     import soundfile
@@ -317,17 +315,3 @@ def _encode_compressed(pcm: bytes, response_format: str) -> bytes:
     samples = np.frombuffer(pcm, dtype="<i2")
     soundfile.write(buf, samples, SAMPLE_RATE, format=container, subtype=subtype)
     return buf.getvalue()
-
-
-def available_formats() -> tuple[str, ...]:
-    """wav and pcm always; flac/mp3/opus when libsndfile (soundfile) can write them."""
-    formats = ["wav", "pcm"]
-    try:
-        import soundfile
-    except ImportError:
-        return tuple(formats)
-    available = soundfile.available_formats()
-    for name, (container, subtype) in SOUNDFILE_FORMATS.items():
-        if container in available and subtype in soundfile.available_subtypes(container):
-            formats.append(name)
-    return tuple(formats)

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from omniweb import budget, metrics  # metrics: ops instrumentation (time to first audio)
+from omniweb.base import budget, metrics  # metrics: ops instrumentation (time to first audio)
+from omniweb.base.errors import RETRYABLE, ErrorKind
 from omniweb.conversation import (
     AudioChunk,
     CodecCodes,
@@ -30,7 +31,6 @@ from omniweb.conversation import (
     TurnEnd,
     TurnEvent,
 )
-from omniweb.errors import RETRYABLE, ErrorKind
 
 from . import protocol
 from .codec import wire
@@ -77,7 +77,7 @@ class Utterance:
     sentences: int = 0  # audio.done (codec.done) messages sent
     codec: dict[str, Any] | None = None  # codec_tokens mode: the codec's description for codec.start
     ttfa: metrics.FirstAudioClock = field(default_factory=metrics.FirstAudioClock)  # ops: input.done → audio
-    refused: str | None = None  # why the process budget refused the audio of a file (omniweb/budget.py)
+    refused: str | None = None  # why the process budget refused the audio of a file (omniweb/base/budget.py)
     cancelling: bool = False
     over: bool = False  # its session.done went out
 

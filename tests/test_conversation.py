@@ -14,7 +14,8 @@ import pytest
 from support.camera_scenes import room, shoot, with_person
 from support.video import jpeg
 
-from omniweb import budget as process_budget
+from omniweb.base import budget as process_budget
+from omniweb.base.errors import ErrorKind
 from omniweb.conversation import (
     AudioBuffer,
     AudioChunk,
@@ -47,12 +48,11 @@ from omniweb.conversation import (
     resample_pcm16,
     run_turn,
 )
+from omniweb.conversation.vad import SpeechStarted, SpeechStopped, VadParams, VoiceActivity
 from omniweb.engine.messages import PcmAudio, Segment, SentenceEnd
 from omniweb.engine.requests import SpeakRequest, TranscribeRequest
 from omniweb.engine.runtime import get_engine_client, get_scheduler
-from omniweb.errors import ErrorKind
 from omniweb.media.frames import FrameError
-from omniweb.vad import SpeechStarted, SpeechStopped, VadParams, VoiceActivity
 
 
 def b64(data: bytes) -> str:
@@ -348,9 +348,9 @@ def test_resampling_a_24_khz_question_to_16_khz():
 
 
 def test_parse_chunk_types_every_engine_chunk_an_endpoint_reads():
+    from omniweb.base.errors import ErrorKind
     from omniweb.conversation import CodecCodes, parse_chunk
     from omniweb.engine.messages import End, Status, VoiceProbabilities
-    from omniweb.errors import ErrorKind
 
     codes = CodecCodes(b"\0" * 6, 3, True, False)
     assert parse_chunk(codes) == codes  # the engine's own types pass as they are

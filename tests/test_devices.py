@@ -6,7 +6,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from omniweb.devices import device_for, parse_device, torch_device
+from omniweb.base.devices import device_for, parse_device, torch_device
 
 
 def test_devices_parse_cpu_cuda_and_an_index():

@@ -22,6 +22,7 @@ import pytest
 from channels_redis.core import RedisChannelLayer
 from support.servers import ROOT, free_port, stop
 
+from omniweb.base.errors import CAPACITY_MESSAGE
 from omniweb.engine.dispatch import (
     AUDIO_SPLIT_BYTES,
     BLOB_MIN_BYTES,
@@ -37,7 +38,6 @@ from omniweb.engine.messages import PcmAudio, split_audio, to_wire
 from omniweb.engine.requests import AnswerRequest, EngineRequest, FrameIn, SpeakRequest
 from omniweb.engine.requests import from_wire as request_from_wire
 from omniweb.engine.requests import to_wire as request_to_wire
-from omniweb.errors import CAPACITY_MESSAGE
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (.ci/run installs it)"),

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from omniweb.base.errors import EngineError, ErrorKind
 from omniweb.engine.contracts import DONE, ShapeSignature, StepResult, WaitFor, Wake, WorkPlan
 from omniweb.engine.messages import Chunk, End, TextDelta, to_wire
 from omniweb.engine.requests import EngineRequest, Priority
 from omniweb.engine.scheduler import AdmissionError, Scheduler
-from omniweb.errors import EngineError, ErrorKind
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,7 @@ from omniweb.engine.messages import Chunk, End, PcmAudio, to_wire
 from omniweb.engine.requests import AnswerRequest
 from omniweb.engine.scheduler import Scheduler
 from omniweb.engine.voice import voice
-from speech.text import split_text
+from speech.tts.text import split_text
 from speech.tts.voice import HibariVoice
 from video.engine.pipeline import NOTHING_HEARD, PIPELINE, VideoTurnPipeline
 from video.engine.sentences import SentenceStream, speakable

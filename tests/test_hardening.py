@@ -54,7 +54,7 @@ def test_example_secret_key_is_refused_outside_debug():
 async def test_named_origins_are_compared_with_their_port(settings):
     from channels.testing import WebsocketCommunicator
 
-    from omniweb.security import browser_origin_validator
+    from omniweb.web.security import browser_origin_validator
 
     async def app(scope, receive, send):
         await receive()

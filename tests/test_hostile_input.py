@@ -12,10 +12,10 @@ import pytest
 from support.messages import expect_error, receive_json, receive_until_done
 from support.video import VIDEO_PATH, b64, frame, jpeg, sync, video
 
+from omniweb.base.errors import ErrorKind
+from omniweb.base.protocol import MAX_ECHO_CHARS, ProtocolError, dumps, loads
 from omniweb.engine.messages import End
 from omniweb.engine.requests import AnswerRequest, FrameIn
-from omniweb.errors import ErrorKind
-from omniweb.protocol import MAX_ECHO_CHARS, ProtocolError, dumps, loads
 
 HUGE_INT = "9" * 5000  # over Python's 4300-digit int limit: json.loads raises ValueError
 LOCAL = pytest.mark.parametrize("engine", ["local"], indirect=True)  # transport rules: one engine path is enough
@@ -140,7 +140,7 @@ async def test_unknown_websocket_path_is_refused_without_a_traceback():
 async def test_a_failing_session_task_is_logged_once_and_never_left_unretrieved(caplog):
     import gc
 
-    from omniweb.tasks import spawn
+    from omniweb.base.tasks import spawn
 
     loop = asyncio.get_running_loop()
     unretrieved: list[dict] = []
@@ -156,7 +156,7 @@ async def test_a_failing_session_task_is_logged_once_and_never_left_unretrieved(
     await asyncio.sleep(0)
     loop.set_exception_handler(None)
     assert unretrieved == []
-    assert [r.getMessage() for r in caplog.records if r.name == "omniweb.tasks"] == ["test task failed"]
+    assert [r.getMessage() for r in caplog.records if r.name == "omniweb.base.tasks"] == ["test task failed"]
 
 
 @LOCAL
@@ -296,7 +296,7 @@ async def test_a_jpeg_scan_bomb_is_refused_and_decodes_run_on_their_own_pool(con
 
 @LOCAL
 async def test_process_wide_buffer_budget_refuses_frames_beyond_it_and_frees_on_close(connect, settings):
-    from omniweb import budget
+    from omniweb.base import budget
 
     data = jpeg(level=10, width=320, height=240)
     start = budget.held()
@@ -336,7 +336,7 @@ async def test_sends_after_the_client_left_are_dropped_quietly():
     """daphne raises Disconnected on a send racing the disconnect; work in flight must not crash on it."""
     from autobahn.exception import Disconnected
 
-    from omniweb.sessions import SessionConsumer
+    from omniweb.web.sessions import SessionConsumer
 
     sent: list[dict] = []
 

@@ -15,7 +15,8 @@ from django.core import signing
 from django.test import AsyncClient
 from support.messages import RECEIVE_TIMEOUT, SPEECH_PATH, speak
 
-from omniweb import auth, metrics
+from omniweb.base import metrics
+from omniweb.web import auth
 
 TOKEN = "tok-1_Zp8rQ2vX9wL4mN7bC3dF6gH0jK5s"
 OTHER = "tok-2_aB3cD4eF5gH6iJ7kL8mN9oP0qR1sT2"
@@ -222,7 +223,7 @@ async def test_the_app_never_sees_a_token_subprotocol(settings):
     assert await comm.connect() == (True, "omniweb.v1")
     await comm.wait()
     [scope] = seen
-    assert scope["subprotocols"] == ["omniweb.v1"] and scope["omniweb.auth"] == "subprotocol"
+    assert scope["subprotocols"] == ["omniweb.v1"] and scope["omniweb.web.auth"] == "subprotocol"
     assert TOKEN not in repr(scope)
 
 

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.messages import SPEECH_PATH, session, speak
 from support.servers import free_port
 
-from omniweb import metrics
+from omniweb.base import metrics
 from omniweb.engine import runtime
 
 METRIC_NAMES = {

@@ -43,7 +43,7 @@ async def test_a_requests_log_lines_carry_its_request_id():
     from django.conf import settings
     from django.test import AsyncClient
 
-    from omniweb import logs
+    from omniweb.web import logs
 
     lines: list[str] = []
     handler = logging.Handler()

@@ -11,10 +11,10 @@ import pytest
 from channels.exceptions import StopConsumer
 from support.messages import expect_close, expect_error, is_type, receive_until, receive_until_done
 
-from omniweb import budget
-from omniweb.errors import ErrorKind
-from omniweb.sessions import SessionConsumer
-from omniweb.transport import SCOPE_KEY
+from omniweb.base import budget
+from omniweb.base.errors import ErrorKind
+from omniweb.web.sessions import SessionConsumer
+from omniweb.web.transport import SCOPE_KEY
 
 LOCAL = pytest.mark.parametrize("engine", ["local"], indirect=True)
 MiB = 1024 * 1024

@@ -14,6 +14,7 @@ import pytest
 from support.realtime_parts import VOICES, RecordingEngine, Wire, b64, manual, pcm, refusal, session
 
 from omniweb.conversation import AudioBuffer, Conversation, Heard, Listener, SpeechSegment
+from omniweb.conversation.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, VoiceActivity
 from omniweb.openai_api.protocol import OPENAI_VOICES
 from omniweb.openai_api.realtime.conversation_items import MAX_INPUT_AUDIO_BYTES, ConversationItems
 from omniweb.openai_api.realtime.errors import RealtimeError
@@ -21,7 +22,6 @@ from omniweb.openai_api.realtime.events import AudioAppendEvent, AudioClearEvent
 from omniweb.openai_api.realtime.input_audio import InputAudio, Transcriber
 from omniweb.openai_api.realtime.opening import new_core, new_listener, session_from_query, voice_names
 from omniweb.openai_api.realtime.session import AnySession, Session, TranscriptionSession
-from omniweb.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, VoiceActivity
 
 TRANSCRIBED = {"audio": {"input": {"transcription": {"model": "whisper-1"}}}}
 DELTA = "conversation.item.input_audio_transcription.delta"

@@ -11,7 +11,7 @@ import pytest
 from support.realtime_parts import Wire, b64, jpeg_url, pcm, refusal
 from support.video import jpeg
 
-from omniweb import budget as process_budget
+from omniweb.base import budget as process_budget
 from omniweb.conversation import FrameBuffer
 from omniweb.openai_api.realtime.conversation_items import ConversationItems
 from omniweb.openai_api.realtime.errors import RealtimeError

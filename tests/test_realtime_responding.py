@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from support.realtime_parts import VOICES, RecordingEngine, Wire, pcm, refusal, session
 
+from omniweb.base.errors import ErrorKind
 from omniweb.conversation import TextDelta, Transcript, TurnEnd, TurnEvent, TurnSpec
 from omniweb.engine.messages import Status
-from omniweb.errors import ErrorKind
 from omniweb.openai_api.realtime.audio import to_engine_rate
 from omniweb.openai_api.realtime.conversation_items import ConversationItems
 from omniweb.openai_api.realtime.errors import RealtimeError

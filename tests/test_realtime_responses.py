@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from support.realtime import normalized, sdk_parses
 
+from omniweb.base.errors import ErrorKind
 from omniweb.conversation import AudioChunk, NoUsableFrames, TextDelta, Transcript, TurnEnd, Usage, WordTiming
 from omniweb.engine.messages import Status
-from omniweb.errors import ErrorKind
 from omniweb.openai_api.protocol import OPENAI_VOICES
 from omniweb.openai_api.realtime import server_events
 from omniweb.openai_api.realtime.errors import error_event, new_id

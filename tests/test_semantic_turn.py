@@ -24,13 +24,10 @@ from support.engine import typed_request
 from support.messages import RECEIVE_TIMEOUT
 from support.paused_speech import PausedQuestion, paused_question, pcm16, spoken
 
-from omniweb.engine.client import LocalEngineClient
-from omniweb.engine.messages import Chunk, End, TurnProbabilities
-from omniweb.engine.requests import EndOfTurnRequest, EngineRequest
-from omniweb.engine.scheduler import Scheduler
-from omniweb.errors import ErrorKind
-from omniweb.turn_engine import MAX_WINDOWS, WINDOW_SAMPLES, SmartTurn, TurnPipeline, features, model_path
-from omniweb.vad import (
+from omniweb.asr.turn_engine import MAX_WINDOWS, WINDOW_SAMPLES, SmartTurn, TurnPipeline, features, model_path
+from omniweb.asr.vad_engine import VadPipeline
+from omniweb.base.errors import ErrorKind
+from omniweb.conversation.vad import (
     CHECK_MS,
     EAGERNESS,
     TURN_TAILS_MS,
@@ -40,7 +37,10 @@ from omniweb.vad import (
     VadParams,
     VoiceActivity,
 )
-from omniweb.vad_engine import VadPipeline
+from omniweb.engine.client import LocalEngineClient
+from omniweb.engine.messages import Chunk, End, TurnProbabilities
+from omniweb.engine.requests import EndOfTurnRequest, EngineRequest
+from omniweb.engine.scheduler import Scheduler
 
 RATE = 16_000
 # "next to" keeps the voice's intonation rising: every window the detector sends scores it below 0.1

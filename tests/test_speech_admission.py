@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from support.messages import receive_until_done, session, speak
 
+from omniweb.base.errors import ErrorKind
 from omniweb.engine import runtime
 from omniweb.engine.client import LocalEngineClient
 from omniweb.engine.messages import Chunk, End, to_wire
 from omniweb.engine.requests import SpeakRequest
 from omniweb.engine.scheduler import AdmissionError, Scheduler
-from omniweb.errors import ErrorKind
 from speech.tts.loops import PIPELINE, TtsPipeline
 
 HELLO = "Hello there."

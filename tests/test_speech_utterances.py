@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from omniweb import budget
+from omniweb.base import budget
+from omniweb.base.errors import ErrorKind
 from omniweb.conversation import (
     AudioChunk,
     CodecCodes,
@@ -17,7 +18,6 @@ from omniweb.conversation import (
     TurnEnd,
     WordTiming,
 )
-from omniweb.errors import ErrorKind
 from speech import protocol
 from speech.codec import wire
 from speech.protocol import SessionConfig

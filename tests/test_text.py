@@ -1,4 +1,4 @@
-"""speech.text: text splitting, and word timings from hibari's durations (no Django)."""
+"""speech.tts.text: text splitting, and word timings from hibari's durations (no Django)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import onnxruntime
 import pytest
 from hibari import Hibari
 
-from speech.text import DURATION_UNIT_MS, align_words, bound_units, split_text
+from speech.tts.text import DURATION_UNIT_MS, align_words, bound_units, split_text
 
 DURATIONS = "/Cast_32_output_0"
 FOX = "The quick brown fox jumps over the lazy dog."

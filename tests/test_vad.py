@@ -18,11 +18,11 @@ from hibari import Hibari
 from scipy.signal import resample_poly
 from support.engine import typed_request
 
+from omniweb.asr.vad_engine import MAX_WINDOWS, STATE_BYTES, WINDOW_BYTES, WINDOW_MS, SileroVad, VadPipeline
+from omniweb.base.errors import EngineError, ErrorKind
+from omniweb.conversation.vad import SpeechStarted, SpeechStopped, TurnDetector, VadParams, VoiceActivity
 from omniweb.engine.messages import Chunk, End
 from omniweb.engine.requests import EngineRequest, VadRequest
-from omniweb.errors import EngineError, ErrorKind
-from omniweb.vad import SpeechStarted, SpeechStopped, TurnDetector, VadParams, VoiceActivity
-from omniweb.vad_engine import MAX_WINDOWS, STATE_BYTES, WINDOW_BYTES, WINDOW_MS, SileroVad, VadPipeline
 
 RATE = 16_000
 WINDOW = 32.0

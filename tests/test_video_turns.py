@@ -29,12 +29,12 @@ from support.video import (
     video_requests,
 )
 
-from omniweb import metrics
+from omniweb.base import metrics
+from omniweb.base.errors import ErrorKind
 from omniweb.engine import client as engine_client
 from omniweb.engine import dispatch
 from omniweb.engine.messages import End, PcmAudio, TextDelta
 from omniweb.engine.requests import AnswerRequest
-from omniweb.errors import ErrorKind
 
 
 def wav_pcm(delta: dict[str, Any]) -> bytes:

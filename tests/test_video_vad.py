@@ -12,7 +12,7 @@ import pytest
 from support.messages import expect_close, expect_error, receive_json, receive_until
 from support.video import b64, collect_turn, is_type, scene_frames, sync, synthesize, video, video_requests
 
-from omniweb.vad import VoiceActivity
+from omniweb.conversation.vad import VoiceActivity
 
 RATE = 16000
 CHUNK = 3200  # 100 ms of PCM16 16 kHz
@@ -162,8 +162,8 @@ async def test_null_turn_detection_keeps_turns_by_video_query(connect, requests_
 
 
 async def test_a_failed_vad_call_is_reported_and_the_session_goes_on(connect, monkeypatch):
-    from omniweb import vad
-    from omniweb.errors import CAPACITY_MESSAGE, EngineError, ErrorKind
+    from omniweb.base.errors import CAPACITY_MESSAGE, EngineError, ErrorKind
+    from omniweb.conversation import vad
 
     async def full(self, pcm16: bytes):  # the engine refused the VAD request (test double)
         raise EngineError(ErrorKind.CAPACITY, "full", client_message=CAPACITY_MESSAGE)

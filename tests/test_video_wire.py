@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from support.video import b64, jpeg
 
+from omniweb.base.errors import EngineError, ErrorKind
 from omniweb.conversation import (
     ActiveTurn,
     AudioChunk,
@@ -29,9 +30,8 @@ from omniweb.conversation import (
     TurnEnd,
     TurnSpec,
 )
+from omniweb.conversation.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, VoiceActivity
 from omniweb.engine.messages import Status
-from omniweb.errors import EngineError, ErrorKind
-from omniweb.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, VoiceActivity
 from video import protocol
 from video.answers import FAILED, Answer
 from video.protocol import VideoSessionConfig

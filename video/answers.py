@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from omniweb import metrics  # ops instrumentation: the turn's latency histograms
+from omniweb.base import metrics  # ops instrumentation: the turn's latency histograms
+from omniweb.base.errors import ErrorKind
 from omniweb.conversation import (
     ActiveTurn,
     AudioChunk,
@@ -29,7 +30,6 @@ from omniweb.conversation import (
     TurnEnd,
     TurnEvent,
 )
-from omniweb.errors import ErrorKind
 
 from . import protocol
 

@@ -22,7 +22,10 @@ from typing import Any
 
 from django.conf import settings
 
-from omniweb import budget as process_budget
+from omniweb.base import budget as process_budget
+from omniweb.base.errors import ErrorKind
+from omniweb.base.protocol import excerpt
+from omniweb.base.tasks import spawn
 from omniweb.conversation import (
     BufferedFrame,
     ConversationState,
@@ -35,10 +38,7 @@ from omniweb.conversation.clock import SessionClock
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
 from omniweb.engine.voice import voice
-from omniweb.errors import ErrorKind
-from omniweb.protocol import excerpt
-from omniweb.sessions import SessionConsumer
-from omniweb.tasks import spawn
+from omniweb.web.sessions import SessionConsumer
 
 from . import protocol
 from .protocol import ProtocolError, VideoSessionConfig
@@ -70,7 +70,7 @@ class VideoStreamConsumer(SessionConsumer):
     async def connect(self) -> None:
         self.config: VideoSessionConfig | None = None  # SessionConsumer.reject: fatal until it is set
         self.session: VideoSession | None = None
-        # All sessions together (omniweb/budget.py); one message at a time always passes, so a client
+        # All sessions together (omniweb/base/budget.py); one message at a time always passes, so a client
         # that waits for its acks meets the budget as refused frames, a flooding one as a close.
         self.inbox: Inbox[_Item] = Inbox(
             self._handle,

@@ -14,10 +14,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from omniweb.base.protocol import ProtocolError, describe_validation_error, excerpt, loads
+from omniweb.base.protocol import error as error  # the endpoint's error message is the shared one
 from omniweb.engine.voice import Capabilities
 from omniweb.media.frames import DEFAULT_FRAME_FILTER_THRESHOLD
-from omniweb.protocol import ProtocolError, describe_validation_error, excerpt, loads
-from omniweb.protocol import error as error  # the endpoint's error message is the shared one
 
 MAX_FRAME_SIZE = 10 * 1024 * 1024  # characters of a frame's base64 ``data``
 MAX_AUDIO_BUFFER_BYTES = 4 * 1024 * 1024  # PCM16 16 kHz mono held between queries (~131 s)

@@ -30,6 +30,7 @@ from typing import Any
 
 from django.conf import settings
 
+from omniweb.base.errors import EngineError
 from omniweb.conversation import (
     AudioBuffer,
     AudioRefused,
@@ -45,10 +46,9 @@ from omniweb.conversation import (
     TurnSpec,
 )
 from omniweb.conversation.listening import FEED_MS
+from omniweb.conversation.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, VadParams, VoiceActivity
 from omniweb.engine.client import EngineClient
-from omniweb.errors import EngineError
 from omniweb.media.frames import FrameError
-from omniweb.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, VadParams, VoiceActivity
 
 from . import protocol
 from .answers import NO_FRAMES, Answer

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 
-from omniweb.devices import device_for
+from omniweb.base.devices import device_for
 
 SAMPLE_RATE = 16_000  # the engine's PCM16 mono audio
 FRAMES_PER_SECOND = 100  # mel frames (10 ms hop)

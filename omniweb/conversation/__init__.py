@@ -49,7 +49,7 @@ History (``history.py``)
 Listening (``listening.py``): server VAD over the audio buffer
     ``Listener(VoiceActivity(engine, VadParams(...), rate) | None, audio, take_segments=, feed_ms=,
     early=EarlyTranscription(transcribe, stream_ms=…))``: ``await feed(pcm)`` returns ``SpeechStarted`` /
-    ``SpeechStopped`` (``omniweb.vad``; 24 kHz input is resampled for the model by ``VoiceActivity``)
+    ``SpeechStopped`` (``omniweb.conversation.vad``; 24 kHz input is resampled for the model by ``VoiceActivity``)
     and, after each stop, the turn's ``SpeechSegment(audio, audio_start_ms, audio_end_ms)`` (``await
     segment.transcript()``: the early transcription, or None); raises ``AudioRefused``.
     ``commit()``, ``clear()``, ``listen_with(vad)``, ``append_unheard(pcm)``, ``taken()``, ``close()``.

@@ -7,7 +7,7 @@ from math import gcd
 import numpy as np
 from scipy.signal import resample_poly
 
-from omniweb import budget as process_budget
+from omniweb.base import budget as process_budget
 
 OVERFLOW_MESSAGE = "Audio buffer overflow"
 

@@ -3,7 +3,7 @@
 The engine's chunks are typed where they are made (``omniweb.engine.messages``); this module adds
 what a conversation needs on top. ``ChunkParser`` reads one answer's chunks in order and is stateful
 only for its audio timeline: the talker times each sentence's words from its own durations
-(``speech.text.align_words``, the same timings the speech endpoint sends), relative to that
+(``speech.tts.text.align_words``, the same timings the speech endpoint sends), relative to that
 sentence; the parser moves them onto the answer's timeline (ms since the answer's first audio
 sample) and hands each word out with the audio chunk in which it starts, so a client can cut an
 answer to exactly the words it heard. ``TurnEnd`` is the engine's ``End`` plus the turn's usage.
@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from omniweb.base.errors import ErrorKind
 from omniweb.engine.messages import (
     PCM16_BYTES,
     Chunk,
@@ -29,7 +30,6 @@ from omniweb.engine.messages import (
     Transcript,
     WordTiming,
 )
-from omniweb.errors import ErrorKind
 
 __all__ = [
     "AudioChunk",

@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from omniweb import budget as process_budget
+from omniweb.base import budget as process_budget
+from omniweb.base.tasks import spawn
 from omniweb.media import frames
 from omniweb.media.decoding import run_decode
 from omniweb.media.frames import FrameError
-from omniweb.tasks import spawn
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class FrameBuffer:
             frame = self._frames.pop(0)
             self._unbuffer(frame)
             dropped.append(frame)
-        if not process_budget.reserve(len(prepared.data)):  # all sessions together: omniweb/budget.py
+        if not process_budget.reserve(len(prepared.data)):  # all sessions together: omniweb/base/budget.py
             raise FrameError(process_budget.FULL_MESSAGE)
         self.nbytes += len(prepared.data)
         frame = BufferedFrame(

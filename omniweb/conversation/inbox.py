@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from omniweb.errors import ErrorKind
+from omniweb.base.errors import ErrorKind
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """Listening: streamed input audio through server voice-activity detection into spoken turns.
 
-``Listener`` joins the session's ``AudioBuffer`` and its ``omniweb.vad.VoiceActivity`` (the model
+``Listener`` joins the session's ``AudioBuffer`` and its ``omniweb.conversation.vad.VoiceActivity`` (the model
 runs in the engine, never here; it resamples 24 kHz input to the model's 16 kHz, while the buffer
 keeps the client's rate). Each ``feed`` buffers the audio, runs it through the VAD and returns the
 VAD's events; after a ``SpeechStopped`` it also hands out the turn's audio as a ``SpeechSegment``
@@ -33,8 +33,8 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from omniweb.tasks import spawn
-from omniweb.vad import SpeechStarted, SpeechStopped, VoiceActivity
+from omniweb.base.tasks import spawn
+from omniweb.conversation.vad import SpeechStarted, SpeechStopped, VoiceActivity
 
 from .audio import AudioBuffer
 

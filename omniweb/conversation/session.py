@@ -18,10 +18,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from omniweb.base.errors import ErrorKind
+from omniweb.base.tasks import spawn
 from omniweb.engine.client import EngineClient
 from omniweb.engine.messages import Status
-from omniweb.errors import ErrorKind
-from omniweb.tasks import spawn
 
 from .audio import AudioBuffer
 from .chunks import TurnEnd

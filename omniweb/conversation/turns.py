@@ -19,10 +19,10 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from omniweb.base.errors import ErrorKind
 from omniweb.engine.client import EngineClient
 from omniweb.engine.messages import Status
 from omniweb.engine.requests import AnswerRequest, FrameIn, HistoryEntry
-from omniweb.errors import ErrorKind
 
 from .chunks import ChunkParser, EngineChunk, TextDelta, Transcript, TurnEnd, Usage
 from .frames import BufferedFrame, FrameBuffer, FrameSelection

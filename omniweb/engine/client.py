@@ -13,7 +13,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from omniweb.errors import CAPACITY_MESSAGE, ErrorKind
+from omniweb.base.errors import CAPACITY_MESSAGE, ErrorKind
 
 from .messages import Chunk, End
 from .requests import EngineRequest

@@ -25,8 +25,8 @@ from typing import Any
 import msgpack
 from channels.exceptions import ChannelFull
 
-from omniweb.errors import CAPACITY_MESSAGE, ErrorKind
-from omniweb.tasks import spawn
+from omniweb.base.errors import CAPACITY_MESSAGE, ErrorKind
+from omniweb.base.tasks import spawn
 
 from .client import MAX_REQUEST_BYTES, REQUEST_TOO_LARGE
 from .messages import Chunk, End, from_wire

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from omniweb.errors import ErrorKind
+from omniweb.base.errors import ErrorKind
 
 PCM16_BYTES = 2  # every engine audio chunk is 16-bit little-endian mono
 

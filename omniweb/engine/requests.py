@@ -145,7 +145,7 @@ class TranscribeRequest(EngineRequest):
 class VadRequest(EngineRequest):
     """Silero's speech probabilities for ``pcm`` (PCM16 16 kHz, whole windows); ``state``: the model's
     state after the session's previous windows (None starts a stream). The shape constants are the
-    contract the session VAD (omniweb.vad) builds requests by and the pipeline refuses others by."""
+    contract the session VAD (omniweb.conversation.vad) builds requests by and the pipeline refuses others by."""
 
     SAMPLE_RATE: ClassVar[int] = 16_000
     WINDOW_SAMPLES: ClassVar[int] = 512  # Silero's window at 16 kHz

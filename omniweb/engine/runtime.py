@@ -19,7 +19,7 @@ from typing import Any
 
 from django.conf import settings
 
-from omniweb.metrics import observe_batch
+from omniweb.base.metrics import observe_batch
 
 from .client import EngineClient, LocalEngineClient
 from .contracts import Pipeline
@@ -176,8 +176,8 @@ class WorkerRoom:
         """None when a ready worker would start it within the budget (the request's own, a
         conversation turn's, else the engine's; or no worker says otherwise), else the seconds
         until the least loaded one would."""
+        from omniweb.base.metrics import read_heartbeats
         from omniweb.engine.dispatch import WORKER_BEAT_SECONDS
-        from omniweb.metrics import read_heartbeats
 
         now = time.monotonic()
         if now - self._read_at >= WORKER_BEAT_SECONDS:

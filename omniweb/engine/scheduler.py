@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from omniweb.errors import (
+from omniweb.base.errors import (
     CAPACITY_MESSAGE,
     STARTING_MESSAGE,
     EngineError,

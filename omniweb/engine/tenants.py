@@ -1,7 +1,7 @@
 """What the ASGI layer knows of a request before the engine sees it, carried in context variables.
 
 ``TENANT``: who an engine request belongs to (the scheduler orders first media fairly between
-tenants); set per connection by ``omniweb.auth.EngineTenant``, copied into each request by the
+tenants); set per connection by ``omniweb.web.auth.EngineTenant``, copied into each request by the
 engine clients in both engine modes. ``RESERVATION``: the place a front door (load shedding before
 Django, ``omniweb.openai_api.asgi.shed_early``) took in the in-process scheduler for this request.
 Pure: no Django, no Channels.

@@ -25,9 +25,9 @@ from channels.exceptions import ChannelFull
 from channels.worker import Worker
 from django.conf import settings
 
-from omniweb.errors import ErrorKind
-from omniweb.metrics import WORKER_KEY_PREFIX, engine_record, serve_worker_metrics
-from omniweb.tasks import spawn
+from omniweb.base.errors import ErrorKind
+from omniweb.base.metrics import WORKER_KEY_PREFIX, engine_record, serve_worker_metrics
+from omniweb.base.tasks import spawn
 
 from .client import admission_end
 from .dispatch import (

@@ -191,3 +191,21 @@ class StreamEncoder:
         for packet in self._stream.encode(frame):
             self._container.mux(packet)
             self._muxed = True
+
+
+# libsndfile containers the speech endpoint's one-shot files use (the rest are encoded by PyAV).
+SOUNDFILE_FORMATS = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
+
+
+def available_formats() -> tuple[str, ...]:
+    """wav and pcm always; flac/mp3/opus when libsndfile (soundfile) can write them."""
+    formats = ["wav", "pcm"]
+    try:
+        import soundfile
+    except ImportError:
+        return tuple(formats)
+    available = soundfile.available_formats()
+    for name, (container, subtype) in SOUNDFILE_FORMATS.items():
+        if container in available and subtype in soundfile.available_subtypes(container):
+            formats.append(name)
+    return tuple(formats)

@@ -4,7 +4,7 @@ Once the status line of a streamed body has gone, the only honest way to report 
 will not come is to end the connection without the final chunk, so the client sees a truncated
 response instead of a short file that looks whole. ASGI has no message for that: under daphne,
 ``scope["omniweb.abort_http"]()`` aborts the Twisted transport behind daphne's ``send`` (the same
-handle ``omniweb/transport.py`` reads); under another server it is absent and the view raises
+handle ``omniweb/web/transport.py`` reads); under another server it is absent and the view raises
 instead, which such servers answer by closing the connection. (Raising under daphne is not an
 option: daphne then tries to start a second response, and its connection reaper stops running.)
 """
@@ -45,10 +45,11 @@ def shed_early(application: Any, routes: dict[str, str], busy_body: bytes) -> Ca
     answered 503 in a fraction of a millisecond each instead of a trip through the middleware and
     the view. Anything it does not refuse goes on unchanged; the engine still decides at submit.
     """
-    from omniweb import auth, metrics
+    from omniweb.base import metrics
     from omniweb.engine import runtime
     from omniweb.engine.scheduler import AdmissionError
     from omniweb.engine.tenants import RESERVATION, TENANT
+    from omniweb.web import auth
 
     def authorized(scope: dict[str, Any]) -> bool:
         """Only a client the view would serve is refused here: the others hear 401 from it."""

@@ -28,14 +28,15 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from hibari import dsp
 
-from omniweb import auth, metrics
 from omniweb.asr.whisper import SAMPLE_RATE as ENGINE_RATE
+from omniweb.base import metrics
+from omniweb.base.errors import ErrorKind
 from omniweb.engine.messages import Chunk, End, PcmAudio, Segment, Status
 from omniweb.engine.requests import SPEECH, Priority, TranscribeRequest
 from omniweb.engine.runtime import get_engine_client, loaded_engine_client
 from omniweb.engine.voice import voice
-from omniweb.errors import ErrorKind
 from omniweb.media.containers import StreamEncoder, first_bytes_samples
+from omniweb.web import auth
 from speech.protocol import SAMPLE_RATE, SessionConfig, tts_request
 from speech.tts.vocoder import HOP
 

@@ -23,7 +23,7 @@ import numpy as np
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from omniweb.devices import torch_device
+from omniweb.base.devices import torch_device
 from omniweb.engine.contracts import (
     DONE,
     WAITING,
@@ -36,7 +36,7 @@ from omniweb.engine.contracts import (
 from omniweb.engine.messages import Chunk, End, PcmAudio, SentenceEnd, SentenceStart, WordTiming
 from omniweb.engine.requests import SPEECH, EngineRequest, SpeakingRequest, SpeakRequest, expect
 from omniweb.engine.voice import TEXT_IN, TEXT_IN_DONE
-from speech.text import bound_units, split_text
+from speech.tts.text import bound_units, split_text
 
 from .model import HibariTalker, SentenceFrames
 from .vocoder import SAMPLE_RATE, SpectralBackend, VocoderStream, run_chunks_batched
@@ -328,7 +328,7 @@ class SpokenSentence(Protocol):
 
 
 def word_timings(timestamps: list[dict[str, Any]] | None) -> tuple[WordTiming, ...]:
-    """``speech.text.align_words``' timings as the engine's typed words."""
+    """``speech.tts.text.align_words``' timings as the engine's typed words."""
     return tuple(WordTiming(str(w["word"]), int(w["start_ms"]), int(w["end_ms"])) for w in timestamps or ())
 
 

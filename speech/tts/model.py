@@ -17,10 +17,10 @@ import numpy as np
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from omniweb.devices import device_for
+from omniweb.base.devices import device_for
 from omniweb.engine.voice import Capabilities
-from speech.protocol import available_formats
-from speech.text import align_words, model_text
+from omniweb.media.containers import available_formats
+from speech.tts.text import align_words, model_text
 
 from .vocoder import AcousticFrames, VocoderStream, draw_noise
 

@@ -10,7 +10,7 @@ from django.conf import settings
 
 from omniweb.engine.requests import SpeakingRequest
 from omniweb.engine.voice import Capabilities
-from speech.text import split_text
+from speech.tts.text import split_text
 
 from .loops import TalkerLoop, VocoderLoop, validate_voice, vocoder_backend
 from .model import HibariTalker, capabilities

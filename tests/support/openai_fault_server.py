@@ -19,9 +19,9 @@ import django
 
 django.setup()
 
+from omniweb.base.errors import ErrorKind  # noqa: E402
 from omniweb.engine.messages import Chunk, End, PcmAudio  # noqa: E402
 from omniweb.engine.requests import EngineRequest  # noqa: E402
-from omniweb.errors import ErrorKind  # noqa: E402
 from omniweb.openai_api import views  # noqa: E402
 
 real_client = views.get_engine_client

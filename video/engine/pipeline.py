@@ -33,11 +33,11 @@ from django.core.exceptions import ImproperlyConfigured
 
 from omniweb.asr.pipeline import Recognition, Recognizer, shared_recognizer
 from omniweb.asr.whisper import Options as AsrOptions
+from omniweb.base.errors import ErrorKind
 from omniweb.engine.contracts import DONE, Done, ShapeSignature, StepResult, WaitFor, Waiting, WorkPlan
 from omniweb.engine.messages import Chunk, End, Status, TextDelta, TextEnd, Transcript
 from omniweb.engine.requests import VIDEO_TURN, AnswerRequest, EngineRequest, expect
 from omniweb.engine.voice import TEXT_IN, TEXT_IN_DONE, voice
-from omniweb.errors import ErrorKind
 
 from .sentences import SentenceStream
 from .thinkers import Frame, SceneThinker, Thinker, ThinkerError, ThinkerRun, Turn, WaitableRun

@@ -29,17 +29,17 @@ from typing import Any
 
 from django.conf import settings
 
-from omniweb import metrics
+from omniweb.base import metrics
+from omniweb.base.errors import ErrorKind
+from omniweb.base.protocol import dumps
+from omniweb.base.tasks import spawn
 from omniweb.conversation import BufferedFrame, Inbox, InboxLimits
 from omniweb.conversation.clock import SessionClock
 from omniweb.conversation.transcription import segment_texts
 from omniweb.engine.client import EngineClient
 from omniweb.engine.runtime import get_engine_client
 from omniweb.engine.voice import voice
-from omniweb.errors import ErrorKind
-from omniweb.protocol import dumps
-from omniweb.sessions import SessionConsumer
-from omniweb.tasks import spawn
+from omniweb.web.sessions import SessionConsumer
 
 from . import events, server_events
 from .audio import to_engine_rate

@@ -1,7 +1,7 @@
 """The conversation items of a Realtime session: ``conversation.item.*`` over ``items.Conversation``.
 
 What the server keeps beside an item's content costs memory, so a user's input audio is held in the
-process budget (``omniweb.budget``) while its item is in the conversation; the items over the cap go,
+process budget (``omniweb.base.budget``) while its item is in the conversation; the items over the cap go,
 their audio with them. The images of ``input_image`` parts enter the core's ``FrameBuffer``: the
 buffer holds them, not the items (its decoding guards and limits, its oldest leave first), and a
 response looks at its latest. ``ConversationItems`` writes each event through ``send``; what an item
@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from omniweb import budget as process_budget
+from omniweb.base import budget as process_budget
 from omniweb.conversation import BufferedFrame, FrameBuffer, now_ms
 from omniweb.media.frames import FrameError
 

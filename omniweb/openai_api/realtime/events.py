@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from omniweb.protocol import ProtocolError, excerpt, loads
+from omniweb.base.protocol import ProtocolError, excerpt, loads
 
 from .errors import RealtimeError, _from_validation
 from .session import (

@@ -2,7 +2,7 @@
 user items' transcripts.
 
 Input audio (PCM16 24 kHz) goes to the core's ``Listener``: its ``AudioBuffer`` and, with
-``server_vad``, ``omniweb.vad.VoiceActivity`` (with ``semantic_vad``, ``SemanticVoiceActivity``, whose
+``server_vad``, ``omniweb.conversation.vad.VoiceActivity`` (with ``semantic_vad``, ``SemanticVoiceActivity``, whose
 pauses the engine's end-of-turn model judges). ``speech_started`` names the item the speech will be
 and, during a response with ``interrupt_response``, cancels it; ``speech_stopped`` then the speech
 (``SpeechSegment``) becomes that user item and, with ``create_response``, is answered. The Listener
@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
 from omniweb.conversation import AudioRefused, Heard, Listener, SpeechSegment
+from omniweb.conversation.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, VadParams, VoiceActivity
 from omniweb.engine.client import EngineClient
-from omniweb.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, VadParams, VoiceActivity
 
 from . import server_events
 from .audio import MIN_COMMIT_MS, SAMPLE_RATE, decode_pcm16

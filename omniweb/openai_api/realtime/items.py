@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from omniweb.base.protocol import excerpt
 from omniweb.conversation.chunks import WordTiming
-from omniweb.protocol import excerpt
 
 from .errors import RealtimeError, new_id
 

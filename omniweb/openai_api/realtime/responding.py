@@ -18,7 +18,8 @@ from typing import Any
 
 from django.conf import settings
 
-from omniweb import metrics
+from omniweb.base import metrics
+from omniweb.base.errors import ErrorKind
 from omniweb.conversation import (
     ActiveTurn,
     Conversation,
@@ -30,7 +31,6 @@ from omniweb.conversation import (
     TurnEvent,
     TurnSpec,
 )
-from omniweb.errors import ErrorKind
 
 from . import server_events
 from .audio import to_engine_rate

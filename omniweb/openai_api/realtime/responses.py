@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from omniweb.base.errors import ErrorKind
 from omniweb.conversation import AudioChunk, NoUsableFrames, TextDelta, TurnEnd, TurnEvent
-from omniweb.errors import ErrorKind
 
 from . import server_events
 from .audio import pcm_ms

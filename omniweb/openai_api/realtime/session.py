@@ -21,13 +21,13 @@ from pydantic import (
     field_validator,
 )
 
+from omniweb.base.protocol import excerpt
 from omniweb.openai_api.protocol import (
     TRANSCRIBE_LANGUAGES,
     TRANSCRIBE_MODEL,
     TRANSCRIBE_MODEL_ALIASES,
     is_transcribe_model,
 )
-from omniweb.protocol import excerpt
 
 from .audio import SAMPLE_RATE
 from .errors import RealtimeError, _from_validation, new_id
@@ -95,7 +95,7 @@ class ServerVad(_Strict):
 
 class SemanticVad(_Strict):
     """``turn_detection`` of type ``semantic_vad``: the end of a turn is decided by an end-of-turn
-    model at each pause (``omniweb.vad.SemanticVoiceActivity``), within the eagerness' maximum wait."""
+    model at each pause (``omniweb.conversation.vad.SemanticVoiceActivity``), within the eagerness' maximum wait."""
 
     type: Literal["semantic_vad"] = "semantic_vad"
     eagerness: Literal["low", "medium", "high", "auto"] = "auto"

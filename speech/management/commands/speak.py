@@ -24,7 +24,7 @@ import numpy as np
 from django.core.management.base import BaseCommand, CommandError
 
 from speech.protocol import SAMPLE_RATE, samples_to_ms
-from speech.text import split_text
+from speech.tts.text import split_text
 
 
 class Command(BaseCommand):

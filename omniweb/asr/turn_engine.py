@@ -1,6 +1,6 @@
 """The ``audio.turn`` pipeline: Smart Turn v3.2 (an end-of-turn model) on the engine.
 
-Request: ``EndOfTurnRequest(windows)`` (built by ``omniweb.vad.SemanticVoiceActivity``; PCM16 LE
+Request: ``EndOfTurnRequest(windows)`` (built by ``omniweb.conversation.vad.SemanticVoiceActivity``; PCM16 LE
 16 kHz mono, each <= 8 s). Chunks: one ``TurnProbabilities`` (per window, the probability that the
 speaker has finished their turn at the window's end), then the scheduler's ``End``.
 

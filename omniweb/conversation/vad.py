@@ -3,7 +3,7 @@
 Two parts. ``TurnDetector`` is pure: it turns speech probabilities (one per window) into
 ``SpeechStarted`` / ``SpeechStopped`` events with hysteresis, so it is testable without a model.
 ``VoiceActivity`` is the session-side helper: it resamples the client's PCM16 to 16 kHz, sends
-whole 32 ms windows to the engine's ``audio.vad`` pipeline (``omniweb.vad_engine``; the model never
+whole 32 ms windows to the engine's ``audio.vad`` pipeline (``omniweb.asr.vad_engine``; the model never
 loads in the web process) and carries the model's streaming state between calls, so in Redis mode
 any worker serves any call.
 
@@ -14,7 +14,7 @@ Times are milliseconds of input audio since the stream began, as OpenAI reports 
 
 ``SemanticVoiceActivity`` is OpenAI's ``semantic_vad``: the same VAD finds speech and pauses, and
 at each pause an end-of-turn model (Smart Turn, the engine's ``audio.turn`` pipeline,
-``omniweb.turn_engine``) decides whether the speaker has finished. Finished: the turn stops
+``omniweb.asr.turn_engine``) decides whether the speaker has finished. Finished: the turn stops
 ``CHECK_MS`` into the pause; not: the turn goes on until the speaker pauses again (checked again)
 or the silence reaches the eagerness' maximum wait (OpenAI's 8 / 4 / 2 s for low / medium / high).
 Its events and times are ``server_vad``'s; ``audio_end_ms`` is where the stop was decided.
@@ -31,10 +31,10 @@ from typing import Any, Literal
 import av
 import numpy as np
 
+from omniweb.base.errors import EngineError, ErrorKind
 from omniweb.engine.client import EngineClient
 from omniweb.engine.messages import End, TurnProbabilities, VoiceProbabilities
 from omniweb.engine.requests import EndOfTurnRequest, VadRequest
-from omniweb.errors import EngineError, ErrorKind
 
 logger = logging.getLogger(__name__)
 

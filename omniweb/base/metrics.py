@@ -3,11 +3,11 @@
 Everything lives on one dedicated ``REGISTRY`` (never prometheus_client's global one), rendered by
 ``/metrics``. Counters and histograms are updated where things happen:
 
-- ``omniweb_sessions_open{endpoint}``: by the WebSocket access middleware (``omniweb.auth``) when the
+- ``omniweb_sessions_open{endpoint}``: by the WebSocket access middleware (``omniweb.web.auth``) when the
   app accepts a socket, and back down when the connection's app returns, exactly once per socket;
 - ``omniweb_time_to_first_audio_seconds{mode}``: by the speech consumer, ``input.done`` → first audio;
 - ``omniweb_errors_total{kind}``: every ``error`` message a session consumer sends, by the ``kind``
-  it carries (``count_error_message``; kinds in ``omniweb.errors``), plus refused handshakes
+  it carries (``count_error_message``; kinds in ``omniweb.base.errors``), plus refused handshakes
   (``auth``, ``limit``);
 - ``omniweb_video_first_text_seconds`` / ``_first_audio_seconds`` / ``_turn_seconds``: by the video
   consumer (``TurnClock``), from a turn's start to its first text delta, first audio delta, and end;
@@ -33,7 +33,7 @@ from django.conf import settings
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from omniweb.errors import ErrorKind
+from omniweb.base.errors import ErrorKind
 
 logger = logging.getLogger(__name__)
 

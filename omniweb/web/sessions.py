@@ -1,7 +1,7 @@
 """What every WebSocket session's consumer shares (Channels): JSON out, refusals, the stall check.
 
 The session clock lives in the conversation core (``omniweb.conversation.clock``), ``spawn`` in
-``omniweb.tasks``.
+``omniweb.base.tasks``.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from autobahn.exception import Disconnected
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from omniweb import budget, metrics
-from omniweb.errors import ErrorKind
-from omniweb.protocol import dumps, error
-from omniweb.transport import SCOPE_KEY, SendWatch
+from omniweb.base import budget, metrics
+from omniweb.base.errors import ErrorKind
+from omniweb.base.protocol import dumps, error
+from omniweb.web.transport import SCOPE_KEY, SendWatch
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     async def send(self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> None:
         """Every send (audio, acks, errors, pongs) counts against the session's send budget, and
-        what daphne then holds for the client against the process-wide budget (omniweb/budget.py).
+        what daphne then holds for the client against the process-wide budget (omniweb/base/budget.py).
 
         A send to a client that has just left is dropped (daphne raises ``Disconnected`` until the
         disconnect reaches the consumer): work in flight ends quietly instead of as a traceback.
@@ -87,7 +87,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     @property
     def budget_share(self) -> budget.SessionShare:
-        """What this session holds in the process-wide budget (omniweb/budget.py), freed at disconnect."""
+        """What this session holds in the process-wide budget (omniweb/base/budget.py), freed at disconnect."""
         if self._share is None:
             self._share = budget.SessionShare()
         return self._share

@@ -21,7 +21,7 @@ from django.middleware.clickjacking import XFrameOptionsMiddleware as _XFrameOpt
 from django.middleware.common import CommonMiddleware as _CommonMiddleware
 from django.middleware.security import SecurityMiddleware as _SecurityMiddleware
 
-from omniweb import logs
+from omniweb.web import logs
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _SANE_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # visible ASCII: safe in a header and a log line
@@ -55,7 +55,7 @@ class CSPMiddleware(_InlineHooks, _CSPMiddleware):
 
 
 class RequestIdMiddleware:
-    """``X-Request-Id`` on every response, and in the logs of the request (``omniweb.logs``).
+    """``X-Request-Id`` on every response, and in the logs of the request (``omniweb.web.logs``).
 
     A client's own id (up to 128 visible ASCII characters) is echoed, so its logs and ours share
     it; otherwise one is made, as OpenAI's are (``req_`` and 32 hex digits). Clients such as

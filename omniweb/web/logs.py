@@ -7,7 +7,7 @@ import logging
 import time
 from contextvars import ContextVar
 
-# Set by omniweb.middleware.RequestIdMiddleware for the request being served. Django runs each
+# Set by omniweb.web.middleware.RequestIdMiddleware for the request being served. Django runs each
 # request in its own task (its body included), so the value never leaks into another request.
 request_id: ContextVar[str | None] = ContextVar("omniweb_request_id", default=None)
 

@@ -16,7 +16,9 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from . import auth, metrics
+from omniweb.base import metrics
+
+from . import auth
 
 
 def _no_store(response: HttpResponse) -> HttpResponse:

@@ -11,7 +11,7 @@ one of them, in any of three ways:
   which cannot set headers); the server answers ``omniweb.v1`` and never echoes the token;
 - the subprotocol ``openai-insecure-api-key.<token>`` (OpenAI's browser Realtime clients, on
   ``/v1/realtime``); like the one above, it never reaches the consumer;
-- ``?token=<signed>``: a short-lived token from ``POST /v1/ws-token`` (``omniweb.views.ws_token``),
+- ``?token=<signed>``: a short-lived token from ``POST /v1/ws-token`` (``omniweb.web.views.ws_token``),
   signed with ``django.core.signing.TimestampSigner`` keyed by the API token that asked for it, valid
   for ``SIGNED_URL_MAX_AGE`` seconds on every process that has that API token configured, and only
   on the WebSocket path it was made for (``path``, default the speech stream); removing the API
@@ -44,8 +44,9 @@ from urllib.parse import parse_qs
 from django.conf import settings
 from django.core import signing
 
-from . import metrics
-from .engine.tenants import TENANT
+from omniweb.base import metrics
+from omniweb.engine.tenants import TENANT
+
 from .security import deny_handshake
 
 logger = logging.getLogger(__name__)
@@ -249,7 +250,7 @@ class WebsocketAccess:
                 metrics.count_error("auth")
                 logger.info("WebSocket %s refused: no valid API token", scope.get("path"))
                 return await deny_handshake(receive, send)
-            scope["omniweb.auth"] = method
+            scope["omniweb.web.auth"] = method
         key = client_key(scope)
         limit = settings.MAX_SESSIONS_PER_CLIENT
         if key is not None and limit > 0 and _open_per_client[key] >= limit:

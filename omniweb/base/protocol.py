@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from omniweb.errors import ErrorKind
+from omniweb.base.errors import ErrorKind
 
 
 class ProtocolError(Exception):
@@ -31,7 +31,7 @@ def describe_validation_error(exc: ValidationError) -> str:
 def error(message: str, kind: ErrorKind = ErrorKind.CLIENT) -> dict[str, Any]:
     """The ``error`` message both endpoints send (its text is always safe for the client).
 
-    ``kind`` says whose problem it is (see ``omniweb.errors``); ``/metrics`` counts errors by it.
+    ``kind`` says whose problem it is (see ``omniweb.base.errors``); ``/metrics`` counts errors by it.
     """
     return {"type": "error", "message": message, "kind": kind.value}
 

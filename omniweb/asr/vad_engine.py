@@ -1,6 +1,6 @@
 """The ``audio.vad`` pipeline: Silero VAD (the ONNX model inside the faster-whisper wheel) on the engine.
 
-Request: ``VadRequest(pcm, state)`` (built by ``omniweb.vad.VoiceActivity``; PCM16 LE 16 kHz mono,
+Request: ``VadRequest(pcm, state)`` (built by ``omniweb.conversation.vad.VoiceActivity``; PCM16 LE 16 kHz mono,
 whole 512-sample windows). Chunks: one ``VoiceProbabilities`` (one speech probability per 32 ms
 window, in order, and the model's state after them), then the scheduler's ``End``. The model is
 stateful across windows (an LSTM plus the last 64 samples of the previous window as context);
