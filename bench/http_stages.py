@@ -56,9 +56,9 @@ def serve(stamp_path: str, argv: list[str]) -> None:
     from twisted.internet import tcp
 
     import omniweb.openai_api.views as views
-    import speech.consumers as consumers
     from omniweb.engine.scheduler import Scheduler
     from omniweb.media.containers import StreamEncoder
+    from speech.session import SpeechSession
 
     fd = os.open(stamp_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     state = {"armed": False}  # a first audio body/frame was handed to daphne: stamp the next write
@@ -96,7 +96,7 @@ def serve(stamp_path: str, argv: list[str]) -> None:
     for pattern in urls.urlpatterns:
         if getattr(pattern.callback, "__name__", "") == "speech":
             pattern.callback = views.speech
-    wrap_async(consumers.SpeechStreamConsumer, "on_input_done", "handler")
+    wrap_async(SpeechSession, "on_input_done", "handler")
 
     submit = Scheduler.submit
 

@@ -37,7 +37,7 @@ from support.messages import (
 )
 from support.servers import ROOT, free_port, live_server
 
-import speech.consumers
+import speech.session
 from omniweb.engine import runtime
 from omniweb.engine.client import LocalEngineClient
 from omniweb.engine.messages import Chunk, End, to_wire
@@ -530,7 +530,7 @@ async def test_codec_modes_are_refused_at_flush_when_the_table_is_bad(connect, m
     def bad_table() -> Codec:
         raise CodecTableError("codec table x has sha256 0, expected 1")
 
-    monkeypatch.setattr(speech.consumers, "shared_codec", bad_table)
+    monkeypatch.setattr(speech.session, "shared_codec", bad_table)
     comm = await session(connect, **fields)
     t = await speak(comm, FOX)
     assert t.errors == [message]
