@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
+from omniweb.base.errors import ErrorKind
+from omniweb.engine.messages import End, Status
 from omniweb.engine.voice import Capabilities
 from omniweb.media.containers import STREAM_FORMATS, StreamEncoder, first_bytes_samples
 from omniweb.openai_api import protocol
@@ -308,3 +310,29 @@ def test_the_first_bytes_are_encoded_from_only_the_audio_they_need(fmt):
     encoder = StreamEncoder(fmt)
     assert encoder.feed(pieces[0])
     assert first_pieces(SILENT_START[: need * 2], need) == (SILENT_START[: need * 2],)  # nothing to cut
+
+
+@pytest.mark.parametrize(
+    "end",
+    [
+        End.failed(ErrorKind.CAPACITY, "at capacity", retry_after=2.3),
+        End(status=Status.BUSY),  # an older worker's: no kind, no estimate
+        End.failed(ErrorKind.STARTING, "starting"),
+        End.failed(ErrorKind.UNAVAILABLE, "the voice is not loaded"),
+        End.failed(ErrorKind.CLIENT, "speed out of range"),
+        End(status=Status.INVALID),
+        End(status=Status.UNAVAILABLE),
+        End.failed(ErrorKind.ENGINE, "boom"),
+    ],
+)
+def test_a_speech_turns_end_is_the_same_api_error_as_the_engines_end(end):
+    """The speech view reads the core turn's ``TurnEnd``, the transcription view the engine's ``End``."""
+    from omniweb.conversation.chunks import parse_end
+    from omniweb.openai_api.views import _end_error
+
+    def shape(error):
+        return error.status, error.body(), error.retry_after
+
+    assert shape(_end_error(parse_end(end))) == shape(_end_error(end))
+    if end.retry_after is not None:
+        assert _end_error(parse_end(end)).retry_after == 3  # load shedding's estimate, rounded up

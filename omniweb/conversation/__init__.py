@@ -14,6 +14,9 @@ here imports Channels or knows a wire format. What each adapter uses:
 - ``/v1/audio/speech/stream`` (speech/consumers.py): ``Conversation`` alone (no buffers); an
   utterance is a ``SpeechTurn`` turn, fed pieces as the client writes them (state SPEAKING), then
   flushed (ANSWERING); ``input.cancel``, disconnect and close stop it through ``interrupt`` / ``close``.
+- ``POST /v1/audio/speech`` and ``/v1/audio/transcriptions`` (omniweb/openai_api/views.py): no
+  session; the text is a ``SpeechTurn`` with one piece (its ``run`` iterated directly), the upload
+  goes to ``transcription.transcribe``.
 
 Session (``session.py``)
     ``Conversation(engine, on_idle=...)``: ``state`` (``ConversationState``: AWAITING_CONFIG → READY
@@ -62,13 +65,17 @@ Speech turn (``utterance.py``)
     ``finish(pieces)``, ``played(seconds)``; its ``run`` sends one engine request per batch of pieces
     (``request(pieces)`` builds it; the noise generator's ``rng_state`` is carried across), paced to
     ``max_ahead_seconds`` ahead of playback, and yields their typed chunks, then one ``TurnEnd``.
+Transcriptions (``transcription.py``)
+    ``transcribe(engine, pcm16k, prompt=, temperature=, words=)``: a recording's ``Segment``s, then its
+    ``End`` (batch priority past ``BULK_TRANSCRIBE_SECONDS``); ``segment_texts(engine, pcm16k,
+    request_id, ...)``: a conversation's own input, its segment texts (None on failure).
 Engine chunks (``chunks.py``), parsed from the engine's dicts in one place (``parse_chunk``; the
 stateful ``ChunkParser`` for an answer's timeline)
     ``Transcript(text)`` (the question as heard, before any text), ``TextDelta(delta)``,
     ``TextEnd()``, ``SentenceStart(index, text)``, ``AudioChunk(pcm, words, start_ms)`` (PCM16
     24 kHz; ``words``: ``WordTiming(word, start_ms, end_ms)`` on the answer's audio timeline, each
     word with the chunk in which it starts, from the talker's own durations), ``SentenceEnd(index)``,
-    ``TurnEnd(status, kind, message, text, transcript, usage, rng_state)`` with ``Usage`` (estimated
+    ``TurnEnd(status, kind, message, text, transcript, usage, rng_state, retry_after)`` with ``Usage`` (estimated
     tokens); the speech endpoint's ``CodecCodes``.
 
 A minimal adapter::

@@ -62,6 +62,10 @@ class AudioChunk:
     start_ms: float = 0.0  # where ``pcm`` begins on the answer's audio timeline
     sample_rate: int = OUTPUT_SAMPLE_RATE
 
+    @property
+    def seconds(self) -> float:
+        return len(self.pcm) / PCM16_BYTES / self.sample_rate
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -102,6 +106,7 @@ class TurnEnd:
     transcript: str | None = None
     usage: Usage | None = None
     rng_state: str | None = None  # a speech request's noise generator, where the next request resumes it
+    retry_after: float | None = None  # refused at capacity: load shedding's estimate of when a retry may be admitted
 
     @property
     def ok(self) -> bool:
@@ -120,6 +125,7 @@ def parse_end(end: End) -> TurnEnd:
         text=end.text,
         transcript=end.transcript,
         rng_state=end.rng_state,
+        retry_after=end.retry_after,
     )
 
 
@@ -154,7 +160,7 @@ class ChunkParser:
             )
         elif isinstance(chunk, AudioChunk):
             start = self.audio_ms
-            self.audio_ms += len(chunk.pcm) / PCM16_BYTES / chunk.sample_rate * 1000.0
+            self.audio_ms += chunk.seconds * 1000.0
             chunk = AudioChunk(chunk.pcm, self._words_before(self.audio_ms), start, chunk.sample_rate)
         elif isinstance(chunk, SentenceEnd) and self._words:
             yield AudioChunk(b"", tuple(self._words), self.audio_ms)

@@ -1,13 +1,15 @@
-"""Transport for OpenAI's HTTP audio API: async Django views over the engine client.
+"""Transport for OpenAI's HTTP audio API: async Django views over the conversation core.
 
-``POST /v1/audio/speech`` submits the same engine request as the WebSocket's flush and streams the
-body (chunked) while it is synthesized; ``POST /v1/audio/transcriptions`` decodes the upload and
-runs the ``audio.transcribe`` pipeline; ``GET /v1/models`` lists what this server serves.
+Each view decodes its request (``protocol.py``), runs it on the core and encodes what comes back.
+``POST /v1/audio/speech`` speaks the text as the WebSocket's flush does (the core's ``SpeechTurn``,
+one engine request) and streams the body (chunked) while it is synthesized;
+``POST /v1/audio/transcriptions`` decodes the upload and transcribes it (the core's ``transcribe``,
+the ``audio.transcribe`` pipeline); ``GET /v1/models`` lists what this server serves.
 
 Streaming and disconnects: Django's ASGI handler (daphne, also under ``runserver``) listens for
 ``http.disconnect`` while a response streams and cancels the response task; the body generator
-then closes its engine stream, which aborts the request in the engine at once. The first engine
-chunk is awaited before the status line is sent, so admission control can still answer 503.
+then closes the core's iterator, which aborts the request in the engine at once. The first chunk
+is awaited before the status line is sent, so admission control can still answer 503.
 """
 
 from __future__ import annotations
@@ -18,21 +20,21 @@ import functools
 import logging
 import math
 import time
-import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from hibari import dsp
 
-from omniweb.asr.whisper import SAMPLE_RATE as ENGINE_RATE
 from omniweb.base import metrics
 from omniweb.base.errors import ErrorKind
-from omniweb.engine.messages import Chunk, End, PcmAudio, Segment, Status
-from omniweb.engine.requests import SPEECH, Priority, TranscribeRequest
+from omniweb.conversation import AudioChunk, EngineChunk, SpeechTurn, TurnEnd
+from omniweb.conversation.transcription import transcribe
+from omniweb.engine.messages import End, Segment, Status
+from omniweb.engine.requests import SPEECH
 from omniweb.engine.runtime import get_engine_client, loaded_engine_client
 from omniweb.engine.voice import voice
 from omniweb.media.containers import StreamEncoder, first_bytes_samples
@@ -51,10 +53,8 @@ SPEECH_ENDPOINT = "/v1/audio/speech"
 TRANSCRIBE_ENDPOINT = "/v1/audio/transcriptions"
 _STARTED = int(time.time())  # "created" of every model in /v1/models
 _ERROR_KINDS = {401: "auth", 429: "limit", 503: "busy", 500: "generation"}
-# An upload longer than one Whisper window is a recording, not a turn: batch priority, so that the
-# questions of live conversations go first (shorter ones are voice agents' turns: someone waits).
-BULK_TRANSCRIBE_SECONDS = 30.0
 STARTING_TEXT = "The server is starting (its models are still loading); retry shortly"
+T = TypeVar("T")
 
 
 # -- shared pieces -----------------------------------------------------------------------------------
@@ -82,9 +82,9 @@ def check_access(request: HttpRequest, method: str) -> None:
             raise protocol.unauthorized()
 
 
-def _end_error(end: End) -> APIError:
-    """An engine request's failed ``End`` as the API's error."""
-    kind = end.error_kind()
+def _end_error(end: End | TurnEnd) -> APIError:
+    """A request's failed end (the engine's ``End``, or the speech turn's ``TurnEnd``) as the API's error."""
+    kind = end.kind  # an older worker's End has none: its status says all that is read here
     if end.status is Status.BUSY:
         retry = end.retry_after  # load shedding's estimate of when a retry may be admitted
         return protocol.busy(retry_after=max(1, math.ceil(retry)) if retry is not None else 1)
@@ -98,7 +98,7 @@ def _end_error(end: End) -> APIError:
     return APIError(500, "The request failed on the server", type="server_error", code="generation_failed")
 
 
-async def _first_chunk(stream: AsyncIterator[Chunk]) -> Chunk:
+async def _first_chunk(stream: AsyncIterator[T]) -> T:
     """The stream's first chunk; a request cancelled meanwhile (client gone) closes the stream."""
     try:
         return await anext(stream)
@@ -210,7 +210,9 @@ async def speech(request: HttpRequest) -> HttpResponse:
     try:
         # First use may load the models (a thread); later, no thread hop on the way to the first audio.
         engine = loaded_engine_client() or await asyncio.to_thread(get_engine_client)
-        stream = engine.stream(tts_request(params.input, config, SPEECH), uuid.uuid4().hex)
+        # The core's speech turn with one piece: one engine request, as the WebSocket's flush (a body
+        # has one request, so nothing holds it for playback across requests).
+        stream = SpeechTurn(lambda pieces: tts_request(pieces[0], config, SPEECH), [params.input]).run(engine)
         if params.response_format in ("pcm", "wav"):  # nothing to set up
             first, encoder = await _first_chunk(stream), StreamEncoder(params.response_format)
         elif (spare := _SPARES.take(params.response_format)) is not None:
@@ -222,9 +224,10 @@ async def speech(request: HttpRequest) -> HttpResponse:
     except BaseException:
         release()
         raise
-    if isinstance(first, End):
+    if isinstance(first, TurnEnd):
         release()
         encoder.close()
+        await stream.aclose()  # type: ignore[attr-defined]
         return error_response(_end_error(first))
     sse = params.stream_format == "sse"
     body = _speech_body(stream, first, encoder, params, sse, clock, scope, release)
@@ -243,8 +246,8 @@ async def speech(request: HttpRequest) -> HttpResponse:
 
 
 async def _speech_body(
-    stream: AsyncIterator[Chunk],
-    first: Chunk,
+    stream: AsyncIterator[EngineChunk],
+    first: EngineChunk,
     encoder: StreamEncoder,
     params: protocol.SpeechParams,
     sse: bool,
@@ -252,7 +255,7 @@ async def _speech_body(
     scope: dict[str, Any],
     release: Callable[[], None],
 ) -> AsyncIterator[bytes]:
-    """The body: container bytes as the engine's PCM arrives (or SSE deltas of them)."""
+    """The body: container bytes as the turn's PCM arrives (or SSE deltas of them)."""
     loop = asyncio.get_running_loop()
     pending: asyncio.Future[bytes] | None = None  # an encoder call running in a thread
     fmt = params.response_format
@@ -273,7 +276,7 @@ async def _speech_body(
                 await asyncio.sleep(0)
             chunk = first
             while True:
-                if isinstance(chunk, PcmAudio):
+                if isinstance(chunk, AudioChunk):
                     pcm = chunk.pcm
                     seconds += chunk.seconds
                     for piece in first_pieces(pcm, encoder.first_bytes_samples) if not sent else (pcm,):
@@ -292,7 +295,7 @@ async def _speech_body(
                             # Let the server write it out now: while the engine is ahead, the next
                             # chunks are already queued and nothing else here would yield to the loop.
                             await asyncio.sleep(0)
-                elif isinstance(chunk, End):
+                elif isinstance(chunk, TurnEnd):
                     if not chunk.ok:
                         error = _end_error(chunk)
                         metrics.count_error("generation")
@@ -361,17 +364,10 @@ async def transcriptions(request: HttpRequest) -> HttpResponse:
     except APIError as exc:
         return error_response(exc)
     engine = await asyncio.to_thread(get_engine_client)
-    bulk = len(pcm) > BULK_TRANSCRIBE_SECONDS * ENGINE_RATE * 2  # a recording, not a turn: conversations go first
-    engine_request = TranscribeRequest(
-        audio=pcm,
-        prompt=params.prompt,
-        temperature=params.temperature,
-        words=params.words,
-        priority=Priority.BATCH if bulk else Priority.REALTIME,
-    )
-    stream = engine.stream(engine_request, uuid.uuid4().hex)
+    stream = transcribe(engine, pcm, prompt=params.prompt, temperature=params.temperature, words=params.words)
     first = await _first_chunk(stream)
     if isinstance(first, End) and not first.ok:
+        await stream.aclose()  # type: ignore[attr-defined]
         return error_response(_end_error(first))
     if params.stream:
         response = StreamingHttpResponse(_transcript_events(stream, first), content_type="text/event-stream")
@@ -399,7 +395,7 @@ def _form(request: HttpRequest) -> tuple[dict[str, list[str]], Any]:
     return {k: request.POST.getlist(k) for k in request.POST}, request.FILES.get("file")
 
 
-async def _transcript_events(stream: AsyncIterator[Chunk], first: Chunk) -> AsyncIterator[bytes]:
+async def _transcript_events(stream: AsyncIterator[Segment | End], first: Segment | End) -> AsyncIterator[bytes]:
     """stream=true: one ``transcript.text.delta`` per segment, then ``transcript.text.done``."""
     texts: list[str] = []
     chunk = first
