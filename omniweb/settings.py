@@ -70,6 +70,8 @@ TEMPLATES = [
     }
 ]
 ASGI_APPLICATION = "omniweb.asgi.application"
+# The WebSocket routes, named here as ROOT_URLCONF names the HTTP ones: /v1/ws-token signs URLs for them.
+WEBSOCKET_URLPATTERNS = "omniweb.routing.websocket_urlpatterns"
 DATABASES: dict[str, dict[str, str]] = {}  # omniweb stores nothing
 
 STATIC_URL = "static/"

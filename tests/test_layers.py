@@ -7,7 +7,7 @@ cycle exists at module level. docs/architecture.md says what each layer holds an
 Module level means what runs when the module is imported: imports inside functions do not count (they
 run later, once every module is loaded), nor do imports under ``if TYPE_CHECKING:`` (they never run).
 Both still count for the contracts: a layer crossed inside a function or for a type is still crossed.
-The cycles that deferred imports close are listed in ``KNOWN_DEFERRED_CYCLES``: none may be added.
+No cycle is closed through deferred imports either, between modules or between packages.
 """
 
 from __future__ import annotations
@@ -27,22 +27,8 @@ CONFIG = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]
 PACKAGES = tuple(CONFIG["root_packages"])
 LINT_IMPORTS = "from importlinter.cli import lint_imports_command; lint_imports_command()"
 
+
 # Cycles closed only by imports inside functions (each one's modules, sorted); the list only shrinks.
-KNOWN_DEFERRED_CYCLES = {
-    # metrics.local_worker reads the embedded engine (runtime) for /metrics and /healthz, while the
-    # runtime reports batches through metrics.observe_batch.
-    ("omniweb.base.metrics", "omniweb.engine.runtime"),
-}
-# The same at package level (a package: the modules directly in one directory).
-KNOWN_DEFERRED_PACKAGE_CYCLES = {
-    # metrics ↔ the engine runtime, as above.
-    ("omniweb.base", "omniweb.engine"),
-    # /v1/ws-token reads the routing table and the speech page speech's sample rate, inside the views
-    # (omniweb.web): the wiring imports the apps, whose consumers import omniweb.web.sessions.
-    ("omniweb", "omniweb.openai_api", "omniweb.openai_api.realtime", "omniweb.web", "speech", "video"),
-}
-
-
 def test_the_import_contracts_are_kept():
     # `lint-imports` in a process of its own: called in the test process (Django and pytest's plugins
     # loaded) it fails before checking anything. --no-cache: nothing written into the repository.
@@ -192,14 +178,14 @@ def test_no_package_cycle_at_module_level():
     assert cycles(package_edges(import_edges(_graph(), module_level_only=True))) == set()
 
 
-def test_no_new_package_cycle_through_imports_inside_functions():
+def test_no_package_cycle_through_imports_inside_functions():
     found = cycles(package_edges(import_edges(_graph(), module_level_only=False)))
-    assert found - KNOWN_DEFERRED_PACKAGE_CYCLES == set(), "a new package cycle (through an import inside a function)"
+    assert found == set(), "a package cycle (through an import inside a function)"
 
 
-def test_no_new_cycle_through_imports_inside_functions():
+def test_no_cycle_through_imports_inside_functions():
     found = cycles(import_edges(_graph(), module_level_only=False))
-    assert found - KNOWN_DEFERRED_CYCLES == set(), "a new import cycle (through an import inside a function)"
+    assert found == set(), "an import cycle (through an import inside a function)"
 
 
 def test_the_cycle_check_sees_a_cycle_and_skips_what_does_not_run_at_import(tmp_path):

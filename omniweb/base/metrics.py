@@ -26,7 +26,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from django.conf import settings
@@ -167,14 +167,18 @@ def redis_mode() -> bool:
     return layer_backend().startswith("channels_redis.")
 
 
-def local_worker() -> dict[str, Any] | None:
-    """This process's scheduler stats if it is running; never starts it."""
-    from omniweb.engine import runtime
+# This process's embedded engine as its runtime reports it (``set_local_worker``, called by
+# omniweb.engine.runtime when it is imported): metrics never imports the engine it describes.
+_local_worker: list[Callable[[], dict[str, Any] | None]] = []
 
-    sched = runtime._scheduler
-    if sched is None:
-        return None
-    return {**engine_record(LOCAL_WORKER, sched, runtime.engine_status()), "age_seconds": 0.0, "up": True}
+
+def set_local_worker(source: Callable[[], dict[str, Any] | None]) -> None:
+    _local_worker[:] = [source]
+
+
+def local_worker() -> dict[str, Any] | None:
+    """This process's scheduler stats if it is running (None when no engine runs here); never starts it."""
+    return _local_worker[0]() if _local_worker else None
 
 
 def engine_record(worker: str, sched: Any, status: dict[str, Any] | None) -> dict[str, Any]:

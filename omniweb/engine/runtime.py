@@ -19,7 +19,7 @@ from typing import Any
 
 from django.conf import settings
 
-from omniweb.base.metrics import observe_batch
+from omniweb.base.metrics import LOCAL_WORKER, engine_record, observe_batch, set_local_worker
 
 from .client import EngineClient, LocalEngineClient
 from .contracts import Pipeline
@@ -234,3 +234,14 @@ def shutdown() -> None:
             _scheduler.stop()
         _scheduler = None
         _client = None
+
+
+def _local_worker() -> dict[str, Any] | None:
+    """This process's scheduler as /metrics and /healthz report it (None: no engine started here)."""
+    sched = _scheduler
+    if sched is None:
+        return None
+    return {**engine_record(LOCAL_WORKER, sched, engine_status()), "age_seconds": 0.0, "up": True}
+
+
+set_local_worker(_local_worker)

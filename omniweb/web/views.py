@@ -13,10 +13,12 @@ from django.conf import settings
 from django.contrib.staticfiles import finders
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.utils.module_loading import import_string
 from django.views.decorators.http import require_GET, require_POST
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from omniweb.base import metrics
+from omniweb.media.containers import SAMPLE_RATE as OUTPUT_SAMPLE_RATE  # the voice's PCM, as the page plays it
 
 from . import auth
 
@@ -106,9 +108,7 @@ async def ws_token(request: HttpRequest) -> HttpResponse:
         response = JsonResponse({"error": "send a valid API token as 'Authorization: Bearer <token>'"}, status=401)
         response["WWW-Authenticate"] = 'Bearer realm="omniweb"'
         return _no_store(response)
-    from omniweb.routing import websocket_urlpatterns
-
-    paths = sorted(f"/{route.pattern}" for route in websocket_urlpatterns)
+    paths = sorted(f"/{route.pattern}" for route in import_string(settings.WEBSOCKET_URLPATTERNS))
     path = request.GET.get("path") or request.POST.get("path") or auth.DEFAULT_TOKEN_PATH
     if path not in paths:  # a token is bound to one endpoint (issue #11)
         return _no_store(JsonResponse({"error": f"path must be one of: {', '.join(paths)}"}, status=400))
@@ -128,14 +128,13 @@ async def ws_token(request: HttpRequest) -> HttpResponse:
 def speech_page(request: HttpRequest) -> HttpResponse:
     """The speech page offers only what this server honours: its voices, formats and modes."""
     from omniweb.engine.voice import voice
-    from speech.protocol import SAMPLE_RATE
 
     caps = voice().capabilities()
     page = {
         "voices": list(caps.voices),
         "default_voice": caps.default_voice,
         "formats": list(caps.response_formats),
-        "sample_rate": SAMPLE_RATE,
+        "sample_rate": OUTPUT_SAMPLE_RATE,
         "max_text_chars": settings.SPEECH_MAX_TEXT_CHARS,
         # The in-browser codec decoder (static/codec/) ships with the codec_tokens mode.
         "codec_decoder": finders.find("codec/decoder.js") is not None,
