@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from support.engine import WireSink
 
 from omniweb.base.errors import EngineError, ErrorKind
 from omniweb.engine.contracts import DONE, ShapeSignature, StepResult, WaitFor, Wake, WorkPlan
@@ -143,19 +144,6 @@ class CountPipeline:
         return End(segments=finals[0]["steps"])  # the steps done, in the End's count field
 
 
-class Collector:
-    """A sink that keeps each chunk as its wire form (what the Redis mode sends), to compare as data."""
-
-    def __init__(self) -> None:
-        self.chunks: list[dict[str, Any]] = []
-        self.ended = threading.Event()
-
-    def __call__(self, chunk: Chunk) -> None:
-        self.chunks.append(to_wire(chunk))
-        if isinstance(chunk, End):
-            self.ended.set()
-
-
 @pytest.fixture
 def make_scheduler():
     made: list[Scheduler] = []
@@ -184,7 +172,7 @@ def wait_idle(sched: Scheduler, timeout: float = 2.0) -> None:
 
 def test_chunks_arrive_in_order_then_end(make_scheduler):
     sched, _ = make_scheduler(workers=2)
-    sink = Collector()
+    sink = WireSink()
     sched.submit("r1", CountRequest(steps=5), sink)
     assert sink.ended.wait(5)
     assert [int(c["delta"]) for c in sink.chunks[:-1]] == [0, 1, 2, 3, 4]
@@ -194,7 +182,7 @@ def test_chunks_arrive_in_order_then_end(make_scheduler):
 
 def test_request_with_no_work_ends_at_once(make_scheduler):
     sched, _ = make_scheduler()
-    sink = Collector()
+    sink = WireSink()
     sched.submit("r0", CountRequest(steps=0), sink)
     assert sink.ended.wait(2)
     assert sink.chunks == [{"type": "end", "status": "ok", "segments": 0}]
@@ -202,8 +190,8 @@ def test_request_with_no_work_ends_at_once(make_scheduler):
 
 def test_equal_shapes_from_many_requests_are_batched(make_scheduler):
     sched, pipeline = make_scheduler(workers=1, max_batch=8)
-    sinks = [Collector() for _ in range(8)]
-    blocker = Collector()
+    sinks = [WireSink() for _ in range(8)]
+    blocker = WireSink()
     # Hold the only worker so the other requests' first steps are all ready together.
     sched.submit("slow", CountRequest(steps=1, delay=0.2), blocker)
     time.sleep(0.05)
@@ -223,7 +211,7 @@ def test_a_pick_asks_a_loop_again_only_after_its_own_step(make_scheduler):
     # at requests where something changed.
     sched, pipeline = make_scheduler(workers=1, max_batch=1)
     loop = pipeline.loops[0]
-    sinks = [Collector() for _ in range(24)]
+    sinks = [WireSink() for _ in range(24)]
     for i, sink in enumerate(sinks):
         sched.submit(f"r{i}", CountRequest(steps=3, delay=0.002, tag=f"r{i}"), sink)
     for sink in sinks:
@@ -236,10 +224,10 @@ def test_a_pick_asks_a_loop_again_only_after_its_own_step(make_scheduler):
 
 def test_max_batch_caps_batches(make_scheduler):
     sched, pipeline = make_scheduler(workers=1, max_batch=3)
-    blocker = Collector()
+    blocker = WireSink()
     sched.submit("slow", CountRequest(steps=1, delay=0.2), blocker)
     time.sleep(0.05)
-    sinks = [Collector() for _ in range(7)]
+    sinks = [WireSink() for _ in range(7)]
     for i, sink in enumerate(sinks):
         sched.submit(f"r{i}", CountRequest(steps=2), sink)
     for sink in sinks:
@@ -249,7 +237,7 @@ def test_max_batch_caps_batches(make_scheduler):
 
 def test_abort_stops_between_steps_and_frees_the_engine(make_scheduler):
     sched, pipeline = make_scheduler(workers=2)
-    sink = Collector()
+    sink = WireSink()
     sched.submit("long", CountRequest(steps=1000, delay=0.01), sink)
     while len(sink.chunks) < 3:
         time.sleep(0.005)
@@ -267,7 +255,7 @@ def test_abort_stops_between_steps_and_frees_the_engine(make_scheduler):
 
 def test_abort_of_a_queued_request(make_scheduler):
     sched, _ = make_scheduler(workers=1, max_active=1, max_queued=4)
-    first, second = Collector(), Collector()
+    first, second = WireSink(), WireSink()
     sched.submit("a", CountRequest(steps=50, delay=0.01), first)
     sched.submit("b", CountRequest(steps=5), second)
     assert sched.stats().queued == 1
@@ -279,11 +267,11 @@ def test_abort_of_a_queued_request(make_scheduler):
 
 def test_admission_control_refuses_at_once_when_full(make_scheduler):
     sched, _ = make_scheduler(workers=1, max_active=1, max_queued=1)
-    a, b = Collector(), Collector()
+    a, b = WireSink(), WireSink()
     sched.submit("a", CountRequest(steps=50, delay=0.01), a)
     sched.submit("b", CountRequest(steps=2), b)
     with pytest.raises(AdmissionError):
-        sched.submit("c", CountRequest(steps=1), Collector())
+        sched.submit("c", CountRequest(steps=1), WireSink())
     # At once: refused while the engine was still full, not after waiting for room.
     assert not a.ended.is_set() and b.chunks == []
     # The queued request runs once the active one finishes.
@@ -298,7 +286,7 @@ def test_admitted_requests_the_measured_pace_cannot_start_in_time_are_ended_earl
     media shows which requests would start past the budget, those end as at capacity, long before
     the budget has passed, and the others are served."""
     sched, _ = make_scheduler(workers=1, max_batch=1, admit_budget=1.0)
-    warm = Collector()
+    warm = WireSink()
     sched.submit("warm", CountRequest(steps=1, delay=0.01), warm)
     assert warm.ended.wait(5)
     log = OrderLog()
@@ -320,7 +308,7 @@ def test_admitted_requests_the_measured_pace_cannot_start_in_time_are_ended_earl
 
 def test_a_failing_step_ends_only_its_request(make_scheduler, caplog):
     sched, pipeline = make_scheduler(workers=1, max_batch=1)
-    bad, good = Collector(), Collector()
+    bad, good = WireSink(), WireSink()
     sched.submit("bad", CountRequest(steps=5, fail_at=2), bad)
     sched.submit("good", CountRequest(steps=5), good)
     assert bad.ended.wait(5) and good.ended.wait(5)
@@ -335,7 +323,7 @@ def test_a_failing_step_ends_only_its_request(make_scheduler, caplog):
     assert good.chunks[-1]["status"] == "ok"
     assert pipeline.loops[0].released == [2]  # the failed request is released; the good one finalized
     # The worker survived: a new request still runs.
-    again = Collector()
+    again = WireSink()
     sched.submit("again", CountRequest(steps=2), again)
     assert again.ended.wait(5) and again.chunks[-1]["status"] == "ok"
 
@@ -343,16 +331,16 @@ def test_a_failing_step_ends_only_its_request(make_scheduler, caplog):
 def test_invalid_requests_are_refused_before_admission(make_scheduler):
     sched, _ = make_scheduler()
     with pytest.raises(ValueError, match="unknown pipeline"):
-        sched.submit("x", CountRequest(pipeline="nope"), Collector())
+        sched.submit("x", CountRequest(pipeline="nope"), WireSink())
     with pytest.raises(ValueError, match="steps must be"):
-        sched.submit("y", CountRequest(steps=-1), Collector())
+        sched.submit("y", CountRequest(steps=-1), WireSink())
     assert sched.stats().active == 0
 
 
 def test_new_request_is_served_before_a_stream_that_is_ahead(make_scheduler):
     """Earliest deadline first: a stream with buffered media yields to a request with none yet."""
     sched, _ = make_scheduler(workers=1, max_batch=1)
-    long, fresh = Collector(), Collector()
+    long, fresh = WireSink(), WireSink()
     sched.submit("long", CountRequest(steps=400, delay=0.002), long)
     while len(long.chunks) < 50:  # 5 s of media emitted in ~0.1 s: far ahead of its listener
         time.sleep(0.005)
@@ -364,7 +352,7 @@ def test_new_request_is_served_before_a_stream_that_is_ahead(make_scheduler):
 
 def test_a_loop_whose_next_raises_ends_only_its_request(make_scheduler):
     sched, _ = make_scheduler(workers=1)
-    bad, good = Collector(), Collector()
+    bad, good = WireSink(), WireSink()
     sched.submit("bad", CountRequest(steps=5, fail_at=-3), bad)
     sched.submit("good", CountRequest(steps=3), good)
     assert bad.ended.wait(5) and good.ended.wait(5)
@@ -375,7 +363,7 @@ def test_a_loop_whose_next_raises_ends_only_its_request(make_scheduler):
 
 def test_batching_window_gathers_plans_that_arrive_within_it(make_scheduler):
     sched, pipeline = make_scheduler(workers=1, max_batch=4, batch_wait=0.2)
-    sinks = [Collector() for _ in range(4)]
+    sinks = [WireSink() for _ in range(4)]
     for i, sink in enumerate(sinks):  # arrivals spread over ~60 ms, inside the 200 ms window
         sched.submit(f"r{i}", CountRequest(steps=1), sink)
         time.sleep(0.02)
@@ -386,7 +374,7 @@ def test_batching_window_gathers_plans_that_arrive_within_it(make_scheduler):
 
 def test_without_a_window_a_lone_request_never_waits(make_scheduler):
     sched, pipeline = make_scheduler(workers=1, max_batch=16)
-    sink = Collector()
+    sink = WireSink()
     sched.submit("solo", CountRequest(steps=3), sink)
     assert sink.ended.wait(5)
     assert pipeline.loops[0].batch_sizes == []  # ran alone, not through batch_run
@@ -395,10 +383,10 @@ def test_without_a_window_a_lone_request_never_waits(make_scheduler):
 def test_batch_sizes_are_reported(make_scheduler):
     seen: list[tuple[str, int]] = []
     sched, _ = make_scheduler(workers=1, max_batch=8, on_batch=lambda kind, n: seen.append((kind, n)))
-    blocker = Collector()
+    blocker = WireSink()
     sched.submit("slow", CountRequest(steps=1, delay=0.2), blocker)
     time.sleep(0.05)
-    sinks = [Collector() for _ in range(5)]
+    sinks = [WireSink() for _ in range(5)]
     for i, sink in enumerate(sinks):
         sched.submit(f"r{i}", CountRequest(steps=1), sink)
     for sink in sinks:
@@ -408,7 +396,7 @@ def test_batch_sizes_are_reported(make_scheduler):
 
 def test_paced_streams_stay_a_bounded_time_ahead_of_their_listener(make_scheduler):
     sched, _ = make_scheduler(workers=1, max_ahead=0.5)
-    sink = Collector()
+    sink = WireSink()
     started = time.monotonic()
     sched.submit("paced", CountRequest(steps=12), sink)  # 1.2 s of media, 0.1 s a step
     assert sink.ended.wait(5)
@@ -423,7 +411,7 @@ def test_paced_streams_stay_a_bounded_time_ahead_of_their_listener(make_schedule
 def test_a_request_marked_unpaced_runs_as_fast_as_it_can(make_scheduler):
     """paced: False (a file made for one flush, which nobody hears while it is made)."""
     sched, _ = make_scheduler(workers=1, max_ahead=0.5)
-    sink = Collector()
+    sink = WireSink()
     sched.submit("file", CountRequest(steps=600, paced=False), sink)  # 60 s of media
     assert sink.ended.wait(20), "paced, this would take about a minute"
     assert len([c for c in sink.chunks if c["type"] == "text"]) == 600
@@ -482,7 +470,7 @@ def test_a_request_pauses_a_settle_time_after_its_first_media(make_scheduler, se
     then the request's next steps, look-ahead or not, run on their own, with nothing else to wake
     the workers."""
     sched, pipeline = make_scheduler(workers=2, first_media_settle=settle)
-    sink = Collector()
+    sink = WireSink()
     sched.submit("r", CountRequest(steps=3, lookahead=lookahead), sink)
     assert sink.ended.wait(5)
     first, second, third = pipeline.loops[0].started
@@ -574,10 +562,10 @@ def test_long_steps_use_every_worker_when_nothing_plays(make_scheduler):
 def test_a_fault_in_a_batched_step_ends_only_its_own_request(make_scheduler, caplog):
     """Eight requests step in lockstep in batches of eight; one step of one of them raises."""
     sched, pipeline = make_scheduler(workers=1, max_batch=8)
-    blocker = Collector()
+    blocker = WireSink()
     sched.submit("slow", CountRequest(steps=1, delay=0.2), blocker)
     time.sleep(0.05)  # the only worker is busy: the eight first steps are ready together
-    sinks = [Collector() for _ in range(8)]
+    sinks = [WireSink() for _ in range(8)]
     for i, sink in enumerate(sinks):
         request = CountRequest(steps=4, fail_at=1 if i == 3 else None)
         sched.submit(f"r{i}", request, sink)
@@ -597,7 +585,7 @@ def test_a_fault_in_a_batched_step_ends_only_its_own_request(make_scheduler, cap
 
 def test_a_step_chooses_the_kind_and_client_message_of_its_error(make_scheduler):
     sched, _ = make_scheduler(workers=1)
-    sink = Collector()
+    sink = WireSink()
     sched.submit("up", CountRequest(steps=3, fail_at=1, fail_kind=ErrorKind.UPSTREAM), sink)
     assert sink.ended.wait(5)
     assert sink.chunks[-1] == {
@@ -612,7 +600,7 @@ def test_a_stopped_engine_refuses_as_unreachable(make_scheduler):
     sched, _ = make_scheduler()
     sched.stop()
     with pytest.raises(AdmissionError) as refused:
-        sched.submit("late", CountRequest(steps=1), Collector())
+        sched.submit("late", CountRequest(steps=1), WireSink())
     assert refused.value.kind is ErrorKind.UNREACHABLE
 
 
@@ -707,11 +695,11 @@ def test_loops_waiting_on_io_hold_no_worker_and_wake_when_input_arrives():
     sched.start()
     try:
         sources = [Source(), Source()]
-        waiting = [Collector(), Collector()]
+        waiting = [WireSink(), WireSink()]
         for i, (source, sink) in enumerate(zip(sources, waiting, strict=True)):
             sched.submit(f"io{i}", IoRequest(source=source), sink)
         # Both workers stay free for other work while the two requests wait on silent sources.
-        streams = [Collector() for _ in range(4)]
+        streams = [WireSink() for _ in range(4)]
         for i, sink in enumerate(streams):
             sched.submit(f"s{i}", CountRequest(steps=20, delay=0.005), sink)
         for sink in streams:
@@ -742,7 +730,7 @@ def test_an_aborted_request_waiting_on_io_ignores_a_late_wake_up():
     sched = Scheduler({"io": io}, workers=1)
     sched.start()
     try:
-        source, sink = Source(), Collector()
+        source, sink = Source(), WireSink()
         sched.submit("gone", IoRequest(source=source), sink)
         deadline = time.monotonic() + 2
         while source.subscriptions == 0 and time.monotonic() < deadline:
@@ -759,10 +747,10 @@ def test_a_batch_never_carries_work_less_urgent_than_other_work_waiting(make_sch
     """Batching is free on a GPU but not on a CPU: a batch takes only the equal-shape plans that
     are more urgent than the most urgent plan of another shape, so it cannot push that one back."""
     sched, pipeline = make_scheduler(workers=1, max_batch=8)
-    blocker = Collector()
+    blocker = WireSink()
     sched.submit("slow", CountRequest(steps=1, delay=0.2, tag="slow"), blocker)
     time.sleep(0.05)
-    sinks = [Collector() for _ in range(4)]
+    sinks = [WireSink() for _ in range(4)]
     for i, (shape, tag) in enumerate([(1, "a"), (1, "b"), (2, "c"), (1, "d")]):
         sched.submit(f"r{i}", CountRequest(steps=1, shape=shape, tag=tag), sinks[i])
     for sink in sinks:
@@ -810,7 +798,7 @@ def test_a_loop_that_waits_for_what_it_has_fails_its_request_instead_of_spinning
     sched = Scheduler({"eager": EagerPipeline(), "count": CountPipeline()}, workers=1)
     sched.start()
     try:
-        bad, good = Collector(), Collector()
+        bad, good = WireSink(), WireSink()
         sched.submit("bad", EagerRequest(), bad)
         sched.submit("good", CountRequest(steps=2), good)
         assert bad.ended.wait(5) and good.ended.wait(5)

@@ -169,16 +169,17 @@ def redis_mode() -> bool:
 
 # This process's embedded engine as its runtime reports it (``set_local_worker``, called by
 # omniweb.engine.runtime when it is imported): metrics never imports the engine it describes.
-_local_worker: list[Callable[[], dict[str, Any] | None]] = []
+_local_worker: Callable[[], dict[str, Any] | None] | None = None
 
 
 def set_local_worker(source: Callable[[], dict[str, Any] | None]) -> None:
-    _local_worker[:] = [source]
+    global _local_worker
+    _local_worker = source
 
 
 def local_worker() -> dict[str, Any] | None:
     """This process's scheduler stats if it is running (None when no engine runs here); never starts it."""
-    return _local_worker[0]() if _local_worker else None
+    return _local_worker() if _local_worker is not None else None
 
 
 def engine_record(worker: str, sched: Any, status: dict[str, Any] | None) -> dict[str, Any]:

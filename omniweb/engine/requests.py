@@ -149,8 +149,8 @@ class VadRequest(EngineRequest):
 
     SAMPLE_RATE: ClassVar[int] = 16_000
     WINDOW_SAMPLES: ClassVar[int] = 512  # Silero's window at 16 kHz
-    WINDOW_MS: ClassVar[float] = 1000.0 * 512 / 16_000  # 32.0
-    WINDOW_BYTES: ClassVar[int] = 2 * 512
+    WINDOW_MS: ClassVar[float] = 1000.0 * WINDOW_SAMPLES / SAMPLE_RATE  # 32.0
+    WINDOW_BYTES: ClassVar[int] = 2 * WINDOW_SAMPLES
     MAX_WINDOWS: ClassVar[int] = 1024  # one request's audio at most (~33 s): a session splits longer feeds
 
     pipeline: str = VAD

@@ -17,9 +17,6 @@ from .model import HibariTalker, capabilities
 
 
 class HibariVoice:
-    def __init__(self) -> None:
-        self._voices: tuple[str, ...] | None = None  # the voices on disk, read at the first validation
-
     def capabilities(self) -> Capabilities:
         return capabilities()
 
@@ -34,6 +31,4 @@ class HibariVoice:
         )
 
     def validate(self, request: SpeakingRequest) -> None:
-        if self._voices is None:
-            self._voices = capabilities().voices
-        validate_voice(request, self._voices)
+        validate_voice(request, capabilities().voices)  # read once: capabilities() is cached
