@@ -191,6 +191,8 @@ def engine_record(worker: str, sched: Any, status: dict[str, Any] | None) -> dic
         failed=status["failed"] if status else {},
         waits=sched.estimated_waits(),
         slowdown=sched.slowdown,
+        paces=sched.start_paces(),
+        throughput=sched.throughput,
     )
 
 
@@ -202,12 +204,18 @@ def worker_record(
     failed: dict[str, str] | None = None,
     waits: dict[str, float] | None = None,
     slowdown: float = 1.0,
+    paces: dict[str, float] | None = None,
+    throughput: float | None = None,
 ) -> dict[str, Any]:
     """One engine's load as /healthz and /metrics read it; also what workers publish to Redis.
 
     ``ready``: every pipeline has loaded or failed and one serves; ``pipelines``: each one's state;
     ``estimated_wait_seconds``: per pipeline, how long a new request would wait for its first media
-    (``slowdown``: how much longer first media took than estimated, lately; the estimates include it).
+    (``slowdown``: how much longer first media took than estimated, lately; the estimates include it);
+    ``start_pace_seconds``: per pipeline, the seconds between request starts a saturated engine is
+    estimated to manage (what each request already waiting adds to a new one's wait);
+    ``media_throughput``: media seconds per second the engine delivered with every worker busy
+    (its measured capacity; null until it has been saturated).
     """
     return {
         "worker": worker,
@@ -218,6 +226,8 @@ def worker_record(
         "failed": dict(failed or {}),
         "estimated_wait_seconds": dict(waits or {}),
         "slowdown": round(slowdown, 3),
+        "start_pace_seconds": dict(paces or {}),
+        "media_throughput": None if throughput is None else round(throughput, 2),
         "active": stats.active,
         "queued": stats.queued,
         "running_steps": stats.running_steps,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import threading
 import time
 import weakref
@@ -45,8 +46,19 @@ COST_SMOOTHING = 0.2  # weight of the newest sample in a pipeline's measured cos
 SLOWDOWN_MIN_WAIT = 0.25  # seconds: shorter estimated waits (an idle engine) say nothing of contention
 SLOWDOWN_MAX = 4.0
 PACE_CHECK_SECONDS = 0.05  # how often admitted requests are re-checked against the measured pace
-PACE_SMOOTHING = 0.5  # weight of the newest gap in the measured pace: a burst's must show within a few
 RESERVATION_SECONDS = 30.0  # a front-door admission not submitted by then is dropped from the estimates
+# An admitted request is ended as at capacity only once its first media is estimated (or has
+# waited) past this many times its budget: the estimate that admitted it is an estimate, and ending
+# it for a small miss turns a first audio a little late into a refusal that came late too.
+SHED_TOLERANCE = 1.25
+# Load shedding keeps the real-time streams it admits within this share of the engine's measured
+# throughput: the rest starts new requests, so a session that begins while a burst is being served
+# still has its first audio at the quiet pace instead of after the streams that fill the engine.
+STREAM_CEILING = 0.75
+THROUGHPUT_WINDOW = 0.5  # seconds of saturated workers over which the engine's media rate is sampled
+IDLE_TOLERANCE = 0.02  # a window counts as saturated when its workers idled at most this share of it
+MAX_ESTIMATE = 3600.0  # seconds: what an estimate reports for "no room" (the engine cannot keep up)
+MAX_RETRY_AFTER = 10.0  # seconds: a refusal's hint at most (the streams filling the engine end by then)
 
 
 class AdmissionError(RuntimeError):
@@ -240,6 +252,15 @@ class Scheduler:
         self._admit_budget = max(0.0, admit_budget)
         self._first_cost: dict[str, float] = {}  # per pipeline: worker seconds until a request's first media
         self._media_cost: dict[str, float] = {}  # per pipeline: worker seconds per media second after it
+        self._media_len: dict[str, float] = {}  # per pipeline: media seconds a finished request made
+        # Media seconds the engine delivers per second while every worker is busy (an EWMA over
+        # THROUGHPUT_WINDOW samples): its real capacity, with everything else the process does on
+        # the same cores. None until measured.
+        self._throughput: float | None = None
+        self._media_total = 0.0
+        self._idle_total = 0.0  # worker seconds spent waiting for work
+        self._idle_from: dict[int, float] = {}  # thread id -> since when that worker waits
+        self._window: tuple[float, float, float] = (time.monotonic(), 0.0, 0.0)  # (start, idle, media) then
         # How much longer first media took than estimated, under load (an EWMA of the ratio): the
         # workers share the cores with the event loop, encoders and each other, so W workers do
         # less than W times one worker's work. Estimates are scaled by it.
@@ -249,7 +270,7 @@ class Scheduler:
         # starts requests, with all else the process does meanwhile (HTTP, encoders, the loop).
         # Under a burst it is several times the quiet per-request cost over the workers.
         self._first_gap: dict[str, float] = {}
-        self._last_first: dict[str, tuple[float, bool]] = {}  # pipeline -> (time, saturated then)
+        self._saturated_firsts: dict[str, deque[float]] = {}  # pipeline -> last first media while saturated
         self._next_pace_check = 0.0
         self._reservations = _Reservations()  # admitted at the front door, not submitted yet
         self._n_workers = max(1, workers)
@@ -421,6 +442,17 @@ class Scheduler:
                 if name in self._first_cost
             }
 
+    @property
+    def throughput(self) -> float | None:
+        """Media seconds delivered per second while every worker was busy (None: not measured)."""
+        return self._throughput
+
+    def start_paces(self) -> dict[str, float]:
+        """Per ready pipeline: the seconds between first media the estimates assume on a saturated
+        engine (measured, or one request's work over the workers)."""
+        with self._cond:
+            return {name: round(self._pace(name), 4) for name in self._pipelines if name in self._first_cost}
+
     # -- admission (called with the lock held) ----------------------------------------------------
     def _admit(self, job: _Job, reserved: bool = False) -> None:
         """Place a real-time request in its tenant's fair order, and refuse it when its first media
@@ -432,11 +464,12 @@ class Scheduler:
         # (one voice-agent backend's users share a token) still order it, but the fair delay they
         # add made the estimate 2x what such turns took (16 at once: 7.7-8.2 s estimated, the
         # admitted ones' first audio within 4.1 s).
-        job.fair_delay, wait = self._verdict(job.pipeline, job.tenant, job.submitted_at, fair_wait=not job.turn)
+        job.fair_delay, wait = self._verdict(job.pipeline, job.tenant, job.submitted_at, turn=job.turn)
         if wait is None:
             return
         if not reserved and wait > job.admit_budget and self._sheds(job.pipeline):
-            raise AdmissionError(CAPACITY_MESSAGE, ErrorKind.CAPACITY, retry_after=wait - job.admit_budget)
+            retry = _retry_after(wait - job.admit_budget)
+            raise AdmissionError(CAPACITY_MESSAGE, ErrorKind.CAPACITY, retry_after=retry)
         job.unscaled_wait = wait / self._slowdown
 
     def _sheds(self, pipeline: Pipeline) -> bool:
@@ -457,7 +490,8 @@ class Scheduler:
             if wait is None:
                 return None
             if wait > self._admit_budget:
-                raise AdmissionError(CAPACITY_MESSAGE, ErrorKind.CAPACITY, retry_after=wait - self._admit_budget)
+                retry = _retry_after(wait - self._admit_budget)
+                raise AdmissionError(CAPACITY_MESSAGE, ErrorKind.CAPACITY, retry_after=retry)
             return self._reservations.add(name, tenant, now)
 
     def release(self, reservation: int | None) -> None:
@@ -467,11 +501,11 @@ class Scheduler:
                 self._reservations.pop(reservation)
 
     def _verdict(
-        self, pipeline: Pipeline, tenant: str | None, submitted_at: float, fair_wait: bool = True
+        self, pipeline: Pipeline, tenant: str | None, submitted_at: float, turn: bool = False
     ) -> tuple[float, float | None]:
         """A new request's fair delay, and its estimated wait for its first media (None: a
-        pipeline with no measured cost yet, admitted by the counts); ``fair_wait=False``: the
-        wait as if it had no fair delay."""
+        pipeline with no measured cost yet, admitted by the counts). A conversation's ``turn`` is
+        judged without its fair delay, by its own estimate (``_estimate``)."""
         name = pipeline.name
         cost = self._first_cost.get(name)
         if cost is None:
@@ -485,22 +519,35 @@ class Scheduler:
             )
             ahead += self._reservations.of_tenant(tenant)
             fair_delay = ahead * self._pace(name)
-        aimed = submitted_at + self._budget + (fair_delay if fair_wait else 0.0)
-        return fair_delay, self._estimate(name, aimed, cost)
+        aimed = submitted_at + self._budget + (0.0 if turn else fair_delay)
+        return fair_delay, self._estimate(name, aimed, cost, turn=turn)
 
-    def _estimate(self, name: str, deadline: float, own: float | None = None) -> float:
+    def _estimate(self, name: str, deadline: float, own: float | None = None, turn: bool = False) -> float:
         """Seconds until the first media of a ``name`` request aimed at ``deadline``.
 
-        Work before it: the first-media work left of every request aimed earlier, and the media of
-        the playing streams that falls due before ``deadline`` (earliest deadline first runs it
-        first; a stream further ahead needs nothing before then), over all workers; then its own.
+        Before it: the first media of every request aimed earlier, each at its measured work over
+        the workers, slowed by the engine's contention (``_contention``) and run in what the
+        streams leave: the playing streams' share of the engine (for the part of the horizon they
+        need feeding) and, once each request ahead has its first media, its own stream. The k-th
+        first media thus takes ``work / (1 − load − k·share)``: a burst fills the engine with its
+        own streams, and the last requests of it start much slower than the first (60 requests
+        take ~1.4 s where their first-media work alone is ~0.8 s). Past ``STREAM_CEILING`` of the
+        engine there is no room for another stream until one ends, about a stream's length.
+
+        A conversation's ``turn`` keeps the estimate turns were judged by: the first media ahead
+        over the workers (or at the measured pace) plus the playing streams' media due before
+        its deadline. Its answers are short and the talker runs ahead, so its streams do not hold
+        a share of the engine for the whole wait (estimated so, 16 spoken questions at once were
+        refused 12 times where the engine had answered them all within 3.3 s).
         """
         now = time.monotonic()
         horizon = self._admit_budget or self._budget  # at most this much of a stream counts
         self._reservations.expire(now - RESERVATION_SECONDS)
         pending = len(self._reservations)  # requests before it still waiting for their first media
         first = self._reservations.first_cost(self._first_cost)
-        streams = 0.0
+        load = 0.0  # the engine's share the playing streams take until the deadline
+        streams = 0.0  # the playing streams' media work due before the deadline (a turn's estimate)
+        shares: dict[str, float] = {}  # per pipeline (the door asks this per arrival of a burst)
         for j in (*self._active.values(), *self._queued):
             if j.finished or j.batch:
                 continue
@@ -510,12 +557,45 @@ class Scheduler:
                     first += max(0.0, self._first_cost.get(j.pipeline.name, 0.0) - j.work_seconds)
             else:
                 due = deadline - (j.first_media_at + j.media_seconds)
+                if (share := shares.get(j.pipeline.name)) is None:
+                    share = shares[j.pipeline.name] = self._stream_share(j.pipeline.name)
+                load += share * min(horizon, max(0.0, due)) / horizon
                 streams += self._media_cost.get(j.pipeline.name, 0.0) * min(horizon, max(0.0, due))
-        # The first media ahead take their work over the workers, or the saturated engine's
-        # measured pace, whichever is slower.
-        ahead = max(first / self._n_workers, pending * self._first_gap.get(name, 0.0))
         own_cost = self._first_cost.get(name, 0.0) if own is None else own
-        return self._slowdown * (ahead + streams / self._n_workers + own_cost)
+        if turn:
+            ahead = max(first / self._n_workers, pending * self._first_gap.get(name, 0.0))
+            return min(MAX_ESTIMATE, self._slowdown * (ahead + streams / self._n_workers + own_cost))
+        wait = self._start_in(name, pending + 1, load, first + own_cost)
+        # The first media ahead at the saturated engine's measured pace, when that is slower.
+        paced = pending * self._first_gap.get(name, 0.0) + own_cost
+        return min(MAX_ESTIMATE, self._slowdown * max(wait, paced))
+
+    def _start_in(self, name: str, count: int, load: float, work: float, ceiling: bool = True) -> float:
+        """Seconds until the last of ``count`` first media of ``name`` (``work`` worker seconds of
+        first-media work in all), while the playing streams take ``load`` of the engine and each
+        one started adds its own stream; with ``ceiling``, a stream's length when they would take
+        more than ``STREAM_CEILING`` of it (admission keeps that room, an admitted request is not
+        ended for it)."""
+        share = self._stream_share(name)
+        wait = self._contention(name) * work / count / self._n_workers * _filling(count, load, share)
+        if ceiling and load + count * share > STREAM_CEILING:
+            wait = max(wait, self._media_len.get(name, 0.0))
+        return wait
+
+    def _contention(self, name: str) -> float:
+        """How many times slower than its measured step costs the engine works for ``name`` on
+        these cores: its workers share them with the requests' HTTP handling, encoders and the
+        event loop. Measured from the throughput of a saturated engine (mp3 over HTTP on 2 CPUs:
+        ~1.7); until then the workers are not taken to add up (a cold burst of 300 was admitted
+        twice what its first media could meet, and the excess was ended 0.3-0.5 s later)."""
+        cost = self._media_cost.get(name)
+        if self._throughput and cost:
+            return max(1.0, self._n_workers / (cost * self._throughput))
+        return 1.0 if name in self._first_gap else float(self._n_workers)
+
+    def _stream_share(self, name: str) -> float:
+        """The share of the engine a real-time ``name`` stream takes (fed as fast as it plays)."""
+        return self._contention(name) * self._media_cost.get(name, 0.0) / self._n_workers
 
     def _pace(self, name: str) -> float:
         """Seconds between first media of ``name`` requests on a saturated engine: measured, or
@@ -534,9 +614,10 @@ class Scheduler:
             for j in (*self._active.values(), *self._queued)
             if not j.finished and not j.batch and j.first_media_at is None
         ]
-        late = [j for j in waiting if self._sheddable(j) and now - j.submitted_at > j.admit_budget]
+        late = [j for j in waiting if self._sheddable(j) and now - j.submitted_at > j.admit_budget * SHED_TOLERANCE]
         if now >= self._next_pace_check:
             self._next_pace_check = now + PACE_CHECK_SECONDS
+            self._sample_throughput(now)
             late += self._behind_pace(waiting, now, set(late))
         for job in late:
             ratio = (now - job.submitted_at) / max(job.unscaled_wait or 0.0, SLOWDOWN_MIN_WAIT)
@@ -550,29 +631,52 @@ class Scheduler:
         if late:
             self._promote()
 
+    def _sample_throughput(self, now: float) -> None:
+        """Close a throughput window: its media rate is learned when no worker idled in it."""
+        start, idle_then, media_then = self._window
+        if now - start < THROUGHPUT_WINDOW:
+            return
+        idle = self._idle_total + sum(now - t for t in self._idle_from.values())
+        media = self._media_total - media_then
+        if idle - idle_then <= IDLE_TOLERANCE * (now - start) * self._n_workers and media > 0:
+            rate = media / (now - start)
+            old = self._throughput
+            self._throughput = rate if old is None else old + COST_SMOOTHING * (rate - old)
+        self._window = (now, idle, self._media_total)
+
     @staticmethod
     def _sheddable(job: _Job) -> bool:
         return job.unscaled_wait is not None and job.work_seconds == 0.0 and not job.busy()
 
     def _behind_pace(self, waiting: list[_Job], now: float, late: set[_Job]) -> list[_Job]:
-        """The waiting requests that the measured pace would start after their budget: in the
-        order they start in (first deadline), the k-th of a pipeline at about ``now + k × pace``."""
+        """The waiting requests that would start after their budget: in the order they start in
+        (first deadline), the k-th of a pipeline after k first media at the estimate's model (with
+        the streams playing now and those the k started add) or at the measured pace, whichever
+        is slower. The model's inputs change under a burst (its first streams start, the engine's
+        throughput is measured), so what was admitted on a cold estimate is ended within ~0.5 s."""
+        horizon = self._admit_budget or self._budget
+        load = 0.0
+        for j in self._active.values():
+            if j.first_media_at is not None and not j.finished and not j.batch:
+                due = now + horizon - (j.first_media_at + j.media_seconds)
+                load += self._stream_share(j.pipeline.name) * min(horizon, max(0.0, due)) / horizon
         behind: list[_Job] = []
         place: dict[str, int] = {}
         for job in sorted(waiting, key=lambda j: j.first_deadline(self._budget)):
             if job in late:
                 continue
             name = job.pipeline.name
-            gap = self._first_gap.get(name)
             k = place[name] = place.get(name, 0) + 1
-            if gap is None or not self._sheddable(job) or not self._sheds(job.pipeline):
+            if not self._sheddable(job) or not self._sheds(job.pipeline):
                 continue
             if job.turn:
                 # A conversation's turn: the pace, measured on bursts of new requests, overshot it
                 # (turns that waited 1-2 s were predicted past a 6 s budget, and the rest of them
                 # had their first audio within 4.9 s); it is refused when it waited past its budget.
                 continue
-            if now + k * gap - job.submitted_at > job.admit_budget:
+            start = self._start_in(name, k, load, k * self._first_cost.get(name, 0.0), ceiling=False)
+            start = max(start, k * self._first_gap.get(name, 0.0))
+            if now + start - job.submitted_at > job.admit_budget * SHED_TOLERANCE:
                 behind.append(job)
                 place[name] -= 1  # it leaves the line: the ones after it move up
         return behind
@@ -723,6 +827,9 @@ class Scheduler:
         # batching those would run them ahead of it (a burst's first audio behind streams that are
         # far ahead). So the batch takes equal-shape plans more urgent than any other shape's.
         other = min((k for k, _, e in ready if e.plan is not None and e.plan.shape != plan.shape), default=None)
+        # A first media rides only with other first media: batched with 15 chunks of playing
+        # streams, a session's first vocoder step took 70 ms instead of 3 (under a burst).
+        starting = job.first_media_at is None
         mates = [
             item
             for item in ready
@@ -730,6 +837,7 @@ class Scheduler:
             and (other is None or item[0] < other)
             and item[2].plan is not None
             and item[2].plan.shape == plan.shape
+            and (not starting or item[1].first_media_at is None)
         ]
         batch += [(j, e) for _, j, e in heapq.nsmallest(self._max_batch - 1, mates, key=_key)]
         return batch
@@ -782,6 +890,8 @@ class Scheduler:
         media = job.media_seconds - job.first_media_seconds
         if media > 0:
             self._learn(self._media_cost, name, (job.work_seconds - job.first_work) / media)
+        if not job.batch:
+            self._learn(self._media_len, name, job.media_seconds)
 
     def _fail(self, job: _Job, kind: ErrorKind = ErrorKind.ENGINE, message: str = "generation failed") -> None:
         job.finished = True
@@ -818,7 +928,11 @@ class Scheduler:
                     if batch:
                         break
                     wake = self._next_release
+                    me, idle = threading.get_ident(), time.monotonic()
+                    self._idle_from[me] = idle
                     self._cond.wait(None if wake is None else max(0.001, wake - time.monotonic()))
+                    del self._idle_from[me]
+                    self._idle_total += time.monotonic() - idle
                 if not self._running:
                     return
                 plans = []
@@ -902,12 +1016,14 @@ class Scheduler:
                     ratio = (job.first_media_at - job.submitted_at) / job.unscaled_wait
                     self._learn_slowdown(ratio)
             job.media_seconds += result.media_seconds
+            self._media_total += result.media_seconds
         for chunk in result.chunks:
             self._emit(job, chunk)
 
     def _learn_pace(self, job: _Job) -> None:
-        """At a first media: the gap since the pipeline's previous one, when every worker had a
-        request waiting for its first media both then and now (the engine was saturated)."""
+        """At a first media: while every worker has a request waiting for its first media (the
+        engine is saturated), the mean gap between its last 2W+1 first media (W workers). It is
+        kept after the burst: the next one is admitted at the pace this one met."""
         name = job.pipeline.name
         now = job.first_media_at or time.monotonic()
         waiting = sum(
@@ -915,11 +1031,17 @@ class Scheduler:
             for j in (*self._active.values(), *self._queued)
             if j is not job and j.pipeline.name == name and not j.batch and not j.finished and j.first_media_at is None
         )
-        saturated = waiting >= self._n_workers
-        previous = self._last_first.get(name)
-        if saturated and previous is not None and previous[1]:
-            self._learn(self._first_gap, name, now - previous[0], PACE_SMOOTHING)
-        self._last_first[name] = (now, saturated)
+        # First media come in clumps of W (gaps of 1 ms, then 50): one gap, or an average weighted
+        # to the last few, swung the pace 10x (one shed ended 125 requests of a burst); two whole
+        # clumps average that out.
+        window = 2 * self._n_workers + 1
+        firsts = self._saturated_firsts.setdefault(name, deque(maxlen=window))
+        if waiting < self._n_workers:
+            firsts.clear()
+            return
+        firsts.append(now)
+        if len(firsts) == window:
+            self._first_gap[name] = (firsts[-1] - firsts[0]) / (window - 1)
 
     @staticmethod
     def _run(plans: Sequence[WorkPlan | None]) -> tuple[list[StepResult | None], list[BaseException | None]]:
@@ -950,6 +1072,26 @@ class Scheduler:
                 out.append(None)
                 errors.append(exc)
         return out, errors
+
+
+def _retry_after(seconds: float) -> float:
+    """A refusal's ``Retry-After``: how much later than its budget the request would have started,
+    at most ``MAX_RETRY_AFTER`` (an estimate of "no room" is not an hour's wait)."""
+    return min(MAX_RETRY_AFTER, seconds)
+
+
+def _filling(count: int, load: float, share: float) -> float:
+    """``Σ 1 / (1 − load − k·share)`` for k < ``count``: the wait for the last of ``count`` first
+    media, in units of one's work, while the streams started before each take their share (the
+    sum's midpoint integral, within 0.1% of it; the door asks it per arrival). ``MAX_ESTIMATE``
+    when the streams leave nothing."""
+    free = 1.0 - load
+    if share <= 0.0:
+        return count / free if free > 0 else MAX_ESTIMATE
+    end = free - (count - 0.5) * share
+    if end <= 0.0:
+        return MAX_ESTIMATE
+    return math.log((free + share / 2) / end) / share
 
 
 def _key(item: tuple[tuple[bool, float, int, int], _Job, _Entry]) -> tuple[bool, float, int, int]:
