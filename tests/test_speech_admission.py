@@ -309,6 +309,38 @@ async def test_the_front_door_refuses_a_burst_before_django(shedding, settings):
     assert json.loads(response["body"])["error"]["code"] == "server_overloaded"
 
 
+async def test_an_admitted_request_goes_on_once_the_burst_has_arrived(measured, monkeypatch, settings):
+    """The front door lets a burst's arrivals be decided before the one it admitted reaches Django:
+    every refusal of a burst that arrives over several turns of the event loop is sent first."""
+    from omniweb.openai_api.asgi import shed_early
+
+    settings.REDIS_URL = ""
+    monkeypatch.setattr(runtime, "_scheduler", measured)
+    alone = measured.estimated_waits()[PIPELINE]
+    measured._admit_budget = 1.5 * alone  # room for one request, not for two
+    events: list[str] = []
+
+    async def django(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        events.append("admitted reaches Django")
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            events.append(f"refused {message['status']}")
+
+    app = shed_early(django, {"/v1/audio/speech": PIPELINE}, b"{}")
+    scope = {"type": "http", "path": "/v1/audio/speech", "method": "POST", "headers": []}
+    burst = []
+    for _ in range(12):  # one arrival per turn of the loop, as a burst is read off its sockets
+        burst.append(asyncio.ensure_future(app(dict(scope), receive, send)))
+        await asyncio.sleep(0)
+    await asyncio.gather(*burst)
+    assert events.count("refused 503") == 11
+    assert events[-1] == "admitted reaches Django", events
+
+
 def test_the_streams_of_the_requests_ahead_count_in_a_new_ones_estimate(measured):
     """Each request admitted ahead of a new one starts streaming once it has its first audio, and
     its stream must be fed in real time until the new one's first audio: the estimate grows faster

@@ -532,7 +532,7 @@ class Scheduler:
         first media thus takes ``work / (1 − load − k·share)``: a burst fills the engine with its
         own streams, and the last requests of it start much slower than the first (60 requests
         take ~1.4 s where their first-media work alone is ~0.8 s). Past ``STREAM_CEILING`` of the
-        engine there is no room for another stream until one ends, about a stream's length.
+        engine there is no room for another stream until one ends.
 
         A conversation's ``turn`` keeps the estimate turns were judged by: the first media ahead
         over the workers (or at the measured pace) plus the playing streams' media due before
@@ -573,13 +573,13 @@ class Scheduler:
     def _start_in(self, name: str, count: int, load: float, work: float, ceiling: bool = True) -> float:
         """Seconds until the last of ``count`` first media of ``name`` (``work`` worker seconds of
         first-media work in all), while the playing streams take ``load`` of the engine and each
-        one started adds its own stream; with ``ceiling``, a stream's length when they would take
-        more than ``STREAM_CEILING`` of it (admission keeps that room, an admitted request is not
-        ended for it)."""
+        one started adds its own stream. With ``ceiling``, when they would take more than
+        ``STREAM_CEILING`` of it, past the budget by a stream's length: no room until one ends
+        (admission keeps that room; an admitted request is not ended for it)."""
         share = self._stream_share(name)
         wait = self._contention(name) * work / count / self._n_workers * _filling(count, load, share)
         if ceiling and load + count * share > STREAM_CEILING:
-            wait = max(wait, self._media_len.get(name, 0.0))
+            wait = max(wait, (self._admit_budget or self._budget) + max(1.0, self._media_len.get(name, 0.0)))
         return wait
 
     def _contention(self, name: str) -> float:
