@@ -286,8 +286,8 @@ def test_admitted_requests_the_measured_pace_cannot_start_in_time_are_ended_earl
     media shows which requests would start past the budget, those end as at capacity, long before
     the budget has passed, and the others are served."""
     sched, _ = make_scheduler(workers=1, max_batch=1, admit_budget=1.0)
-    warm = WireSink()
-    sched.submit("warm", CountRequest(steps=1, delay=0.01), warm)
+    warm = WireSink()  # a stream far faster than real time: twenty of them fit the engine
+    sched.submit("warm", CountRequest(steps=5, delay=0.002), warm)
     assert warm.ended.wait(5)
     log = OrderLog()
     names = [f"r{i}" for i in range(20)]

@@ -253,6 +253,10 @@ class Scheduler:
         self._first_cost: dict[str, float] = {}  # per pipeline: worker seconds until a request's first media
         self._media_cost: dict[str, float] = {}  # per pipeline: worker seconds per media second after it
         self._media_len: dict[str, float] = {}  # per pipeline: media seconds a finished request made
+        # Per pipeline: worker seconds per media second of a whole request, first media included:
+        # what a stream costs whatever its shape (after the first media alone, a one-sentence
+        # request has only vocoder work left, and priced a two-sentence stream at a third).
+        self._stream_cost: dict[str, float] = {}
         # Media seconds the engine delivers per second while every worker is busy (an EWMA over
         # THROUGHPUT_WINDOW samples): its real capacity, with everything else the process does on
         # the same cores. None until measured.
@@ -588,14 +592,14 @@ class Scheduler:
         event loop. Measured from the throughput of a saturated engine (mp3 over HTTP on 2 CPUs:
         ~1.7); until then the workers are not taken to add up (a cold burst of 300 was admitted
         twice what its first media could meet, and the excess was ended 0.3-0.5 s later)."""
-        cost = self._media_cost.get(name)
+        cost = self._stream_cost.get(name)
         if self._throughput and cost:
             return max(1.0, self._n_workers / (cost * self._throughput))
         return 1.0 if name in self._first_gap else float(self._n_workers)
 
     def _stream_share(self, name: str) -> float:
         """The share of the engine a real-time ``name`` stream takes (fed as fast as it plays)."""
-        return self._contention(name) * self._media_cost.get(name, 0.0) / self._n_workers
+        return self._contention(name) * self._stream_cost.get(name, 0.0) / self._n_workers
 
     def _pace(self, name: str) -> float:
         """Seconds between first media of ``name`` requests on a saturated engine: measured, or
@@ -881,7 +885,7 @@ class Scheduler:
 
     def _learn_costs(self, job: _Job) -> None:
         """A finished request's measured costs: all its work when it made no media (a transcription),
-        else the work per second of media after its first."""
+        else the work per second of media after its first, and over the whole request."""
         name = job.pipeline.name
         if job.first_work is None:
             if not job.batch:
@@ -892,6 +896,7 @@ class Scheduler:
             self._learn(self._media_cost, name, (job.work_seconds - job.first_work) / media)
         if not job.batch:
             self._learn(self._media_len, name, job.media_seconds)
+            self._learn(self._stream_cost, name, job.work_seconds / job.media_seconds)
 
     def _fail(self, job: _Job, kind: ErrorKind = ErrorKind.ENGINE, message: str = "generation failed") -> None:
         job.finished = True
