@@ -349,42 +349,20 @@ def test_the_streams_of_the_requests_ahead_count_in_a_new_ones_estimate(measured
     measured.submit("streamed", request("First, one sentence. Then another one, a little longer."), sink)
     assert sink.ended.wait(20) and sink.end["status"] == "ok"
     measured._admit_budget = 1000.0
-    counts = (10, 20, 80)
-    waits = []
-    held = []
-    for count in counts:
-        while len(held) < count:
-            held.append(measured.reserve(PIPELINE, None))
-        waits.append(measured.estimated_waits()[PIPELINE])
-    for r in held:
-        measured.release(r)
-    per_request = (waits[1] - waits[0]) / (counts[1] - counts[0])
-    linear = waits[1] + per_request * (counts[2] - counts[1])  # first-audio work alone
-    assert waits[2] > linear + 0.01, (waits, linear)  # beyond the estimates' rounding (1 ms)
-
-
-def test_the_engine_measures_its_throughput_and_keeps_room_for_new_streams(measured):
-    """While every worker is busy the engine measures the seconds of audio it delivers per second
-    (its capacity, with all else the process does on its cores). The door then counts each stream
-    at its share of that, and past the streams' ceiling reports no room for about a stream's
-    length: the estimate jumps, where before it grew smoothly."""
-    measured._admit_budget = 1000.0  # shedding on (it samples the throughput), never refusing here
-    sinks = [Sink() for _ in range(6)]
-    for i, sink in enumerate(sinks):
-        measured.submit(f"busy-{i}", request(LONG[:2000]), sink)
-    assert all(sink.ended.wait(60) and sink.end["status"] == "ok" for sink in sinks)
-    assert measured.throughput is not None and measured.throughput > 1.0  # faster than real time
     held, waits = [], []
-    while len(held) < 2000 and (len(waits) < 2 or waits[-1] < 5 * waits[-2]):
-        held.append(measured.reserve(PIPELINE, None))
+    while len(held) < 1500:  # up to the streams' ceiling, where the door says "no room"
+        try:
+            held.append(measured.reserve(PIPELINE, None))
+        except AdmissionError:
+            break
         waits.append(measured.estimated_waits()[PIPELINE])
-    measured._admit_budget = 2.0
-    with pytest.raises(AdmissionError) as refused:  # no room: refused, with a retry hint of seconds
-        measured.reserve(PIPELINE, None)
     for r in held:
         measured.release(r)
-    assert waits[-1] >= 5 * waits[-2] and len(held) < 2000, waits[-3:]
-    assert refused.value.retry_after is not None and 0 < refused.value.retry_after <= 10
+    third = len(waits) // 3
+    assert third >= 3, waits
+    first_slope = (waits[third] - waits[0]) / third  # the first third: few streams started ahead
+    last_slope = (waits[-1] - waits[-1 - third]) / third
+    assert last_slope > 1.5 * first_slope, (first_slope, last_slope, len(waits))  # linear: equal
 
 
 def test_a_front_door_reservation_counts_until_submitted_or_released(measured):
