@@ -286,8 +286,8 @@ def test_admitted_requests_the_measured_pace_cannot_start_in_time_are_ended_earl
     media shows which requests would start past the budget, those end as at capacity, long before
     the budget has passed, and the others are served."""
     sched, _ = make_scheduler(workers=1, max_batch=1, admit_budget=1.0)
-    warm = WireSink()  # a stream far faster than real time: twenty of them fit the engine
-    sched.submit("warm", CountRequest(steps=5, delay=0.002), warm)
+    warm = WireSink()  # a stream far faster than real time: twenty fit the engine, even priced cold
+    sched.submit("warm", CountRequest(steps=5, delay=0.001), warm)
     assert warm.ended.wait(5)
     log = OrderLog()
     names = [f"r{i}" for i in range(20)]
@@ -303,6 +303,40 @@ def test_admitted_requests_the_measured_pace_cannot_start_in_time_are_ended_earl
     # 0.8 s of the burst, where waiting out the 1 s budget would have served five first.
     fourth = log.events.index(("tick", served[3])) if len(served) > 3 else len(log.events)
     assert all(log.events.index(("end", name)) < fourth for name in shed)
+    wait_idle(sched)
+
+
+def test_admitted_requests_are_not_ended_for_the_streams_room(make_scheduler):
+    """Admission keeps room for the streams it lets in; an admitted request is ended only when
+    its first media would come late. A cold burst's first throughput window (encoders opening,
+    refusals on the same cores) measures a fraction of the engine's rate: judged by it, every
+    request still waiting was ended, whose first media the measured pace put well in time."""
+    sched, _ = make_scheduler(workers=2, max_batch=1, admit_budget=1.0)
+    warm = WireSink()
+    sched.submit("warm", CountRequest(steps=5, delay=0.001), warm)
+    assert warm.ended.wait(5)
+    log = OrderLog()
+    names = [f"r{i}" for i in range(12)]
+    for name in names:  # first media within 0.15 s of steps, at the pace of two per 20 ms
+        sched.submit(name, CountRequest(steps=10, delay=0.02), log.sink(name))
+    sched._throughput = 1.0  # what such a window measures: a second of media per second
+    for name in names:
+        assert log.ended[name].wait(10)
+    assert all(log.ends[name]["status"] == "ok" for name in names), log.ends
+    wait_idle(sched)
+
+
+def test_a_saturated_stretch_is_measured_from_its_start(make_scheduler):
+    """The engine's throughput is sampled over windows with every worker busy, each starting
+    where the workers became busy: a 0.6 s burst after a quiet spell is measured (on a clock of
+    fixed windows, one started in the quiet spell and the next outlasted the burst)."""
+    sched, _ = make_scheduler(workers=2, max_batch=1, admit_budget=10.0)
+    time.sleep(0.3)
+    sinks = [WireSink(), WireSink()]
+    for i, sink in enumerate(sinks):  # one request a worker: 30 steps of 20 ms, 0.1 s of media each
+        sched.submit(f"s{i}", CountRequest(steps=30, delay=0.02), sink)
+    assert all(sink.ended.wait(5) for sink in sinks)
+    assert sched.throughput == pytest.approx(2 * 0.1 / 0.02, rel=0.3)  # media seconds per second
     wait_idle(sched)
 
 

@@ -55,6 +55,13 @@ SHED_TOLERANCE = 1.25
 # throughput: the rest starts new requests, so a session that begins while a burst is being served
 # still has its first audio at the quiet pace instead of after the streams that fill the engine.
 STREAM_CEILING = 0.75
+# Until a saturated engine's throughput has been measured, a stream is priced at this many times
+# its measured work per worker (the workers taken not to add up): its delivery (the encoder, HTTP,
+# the event loop) runs on the same cores as its synthesis and costs about as much (mp3 on these
+# CPUs: 6 ms of encoding per second of audio against 8 ms of synthesis). Priced at the workers'
+# share alone, a cold burst of 300 was let in 76 where the measured engine admits ~50. The
+# measurement replaces it within the first saturated half second.
+COLD_CONTENTION = 2.0
 THROUGHPUT_WINDOW = 0.5  # seconds of saturated workers over which the engine's media rate is sampled
 IDLE_TOLERANCE = 0.02  # a window counts as saturated when its workers idled at most this share of it
 MAX_ESTIMATE = 3600.0  # seconds: what an estimate reports for "no room" (the engine cannot keep up)
@@ -574,15 +581,14 @@ class Scheduler:
         paced = pending * self._first_gap.get(name, 0.0) + own_cost
         return min(MAX_ESTIMATE, self._slowdown * max(wait, paced))
 
-    def _start_in(self, name: str, count: int, load: float, work: float, ceiling: bool = True) -> float:
+    def _start_in(self, name: str, count: int, load: float, work: float) -> float:
         """Seconds until the last of ``count`` first media of ``name`` (``work`` worker seconds of
         first-media work in all), while the playing streams take ``load`` of the engine and each
-        one started adds its own stream. With ``ceiling``, when they would take more than
-        ``STREAM_CEILING`` of it, past the budget by a stream's length: no room until one ends
-        (admission keeps that room; an admitted request is not ended for it)."""
+        one started adds its own stream. When they would take more than ``STREAM_CEILING`` of it,
+        past the budget by a stream's length: no room until one ends."""
         share = self._stream_share(name)
         wait = self._contention(name) * work / count / self._n_workers * _filling(count, load, share)
-        if ceiling and load + count * share > STREAM_CEILING:
+        if load + count * share > STREAM_CEILING:
             wait = max(wait, (self._admit_budget or self._budget) + max(1.0, self._media_len.get(name, 0.0)))
         return wait
 
@@ -590,12 +596,11 @@ class Scheduler:
         """How many times slower than its measured step costs the engine works for ``name`` on
         these cores: its workers share them with the requests' HTTP handling, encoders and the
         event loop. Measured from the throughput of a saturated engine (mp3 over HTTP on 2 CPUs:
-        ~1.7); until then the workers are not taken to add up (a cold burst of 300 was admitted
-        twice what its first media could meet, and the excess was ended 0.3-0.5 s later)."""
+        ~1.7); until then ``COLD_CONTENTION`` times the workers."""
         cost = self._stream_cost.get(name)
         if self._throughput and cost:
             return max(1.0, self._n_workers / (cost * self._throughput))
-        return 1.0 if name in self._first_gap else float(self._n_workers)
+        return COLD_CONTENTION * self._n_workers
 
     def _stream_share(self, name: str) -> float:
         """The share of the engine a real-time ``name`` stream takes (fed as fast as it plays)."""
@@ -637,33 +642,46 @@ class Scheduler:
 
     def _sample_throughput(self, now: float) -> None:
         """Close a throughput window: its media rate is learned when no worker idled in it."""
-        start, idle_then, media_then = self._window
+        start, _, media_then = self._window
         if now - start < THROUGHPUT_WINDOW:
             return
-        idle = self._idle_total + sum(now - t for t in self._idle_from.values())
-        media = self._media_total - media_then
-        if idle - idle_then <= IDLE_TOLERANCE * (now - start) * self._n_workers and media > 0:
-            rate = media / (now - start)
-            old = self._throughput
-            self._throughput = rate if old is None else old + COST_SMOOTHING * (rate - old)
-        self._window = (now, idle, self._media_total)
+        if not self._window_idled(now):
+            rate = (self._media_total - media_then) / (now - start)
+            if rate > 0:
+                old = self._throughput
+                self._throughput = rate if old is None else old + COST_SMOOTHING * (rate - old)
+        self._window = (now, self._idle_seconds(now), self._media_total)
+
+    def _restart_window(self, now: float) -> None:
+        """Start the throughput window afresh when the current one has idled: a saturated stretch
+        is measured from its start (windows on a fixed clock straddled its edges, and the warm-up
+        bursts of ``bench/overload.py``, ~1 s each, often measured none)."""
+        if self._window_idled(now):
+            self._window = (now, self._idle_seconds(now), self._media_total)
+
+    def _window_idled(self, now: float) -> bool:
+        start, idle_then, _ = self._window
+        return self._idle_seconds(now) - idle_then > IDLE_TOLERANCE * (now - start) * self._n_workers
+
+    def _idle_seconds(self, now: float) -> float:
+        return self._idle_total + sum(now - t for t in self._idle_from.values())
 
     @staticmethod
     def _sheddable(job: _Job) -> bool:
         return job.unscaled_wait is not None and job.work_seconds == 0.0 and not job.busy()
 
     def _behind_pace(self, waiting: list[_Job], now: float, late: set[_Job]) -> list[_Job]:
-        """The waiting requests that would start after their budget: in the order they start in
-        (first deadline), the k-th of a pipeline after k first media at the estimate's model (with
-        the streams playing now and those the k started add) or at the measured pace, whichever
-        is slower. The model's inputs change under a burst (its first streams start, the engine's
-        throughput is measured), so what was admitted on a cold estimate is ended within ~0.5 s."""
-        horizon = self._admit_budget or self._budget
-        load = 0.0
-        for j in self._active.values():
-            if j.first_media_at is not None and not j.finished and not j.batch:
-                due = now + horizon - (j.first_media_at + j.media_seconds)
-                load += self._stream_share(j.pipeline.name) * min(horizon, max(0.0, due)) / horizon
+        """The waiting requests that would start after their budget at the saturated engine's
+        measured pace: in the order they start in (first deadline), the k-th of a pipeline k
+        first media from now.
+
+        Judged by the pace alone, not by the door's model: the playing streams yield to a first
+        media until they run within ``STREAM_GUARD`` of dry, so the streams' share the door keeps
+        room for does not hold these back. Judged by the model, a cold burst's first half second
+        of throughput (its encoders opening, its refusals on the same cores: 26 audio seconds per
+        second where 60 followed) ended every waiting request, whose first bytes the pace put
+        within 1 s."""
+        gaps = self._first_gap
         behind: list[_Job] = []
         place: dict[str, int] = {}
         for job in sorted(waiting, key=lambda j: j.first_deadline(self._budget)):
@@ -671,16 +689,14 @@ class Scheduler:
                 continue
             name = job.pipeline.name
             k = place[name] = place.get(name, 0) + 1
-            if not self._sheddable(job) or not self._sheds(job.pipeline):
+            if name not in gaps or not self._sheddable(job) or not self._sheds(job.pipeline):
                 continue
             if job.turn:
                 # A conversation's turn: the pace, measured on bursts of new requests, overshot it
                 # (turns that waited 1-2 s were predicted past a 6 s budget, and the rest of them
                 # had their first audio within 4.9 s); it is refused when it waited past its budget.
                 continue
-            start = self._start_in(name, k, load, k * self._first_cost.get(name, 0.0), ceiling=False)
-            start = max(start, k * self._first_gap.get(name, 0.0))
-            if now + start - job.submitted_at > job.admit_budget * SHED_TOLERANCE:
+            if now + k * gaps[name] - job.submitted_at > job.admit_budget * SHED_TOLERANCE:
                 behind.append(job)
                 place[name] -= 1  # it leaves the line: the ones after it move up
         return behind
@@ -937,7 +953,10 @@ class Scheduler:
                     self._idle_from[me] = idle
                     self._cond.wait(None if wake is None else max(0.001, wake - time.monotonic()))
                     del self._idle_from[me]
-                    self._idle_total += time.monotonic() - idle
+                    now = time.monotonic()
+                    self._idle_total += now - idle
+                    if not self._idle_from:  # every worker busy again: a window may start here
+                        self._restart_window(now)
                 if not self._running:
                     return
                 plans = []
