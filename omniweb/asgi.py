@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -19,8 +20,9 @@ from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  #
 
 from omniweb.engine.runtime import get_engine_client, wait_loaded  # noqa: E402
 from omniweb.engine.worker import EngineWorkerConsumer  # noqa: E402
+from omniweb.media.containers import measure_encoding_costs  # noqa: E402
 from omniweb.openai_api.asgi import http_abort, shed_early  # noqa: E402
-from omniweb.openai_api.protocol import busy  # noqa: E402
+from omniweb.openai_api.protocol import DEFAULT_RESPONSE_FORMAT, busy  # noqa: E402
 from omniweb.routing import websocket_urlpatterns  # noqa: E402
 from omniweb.web.auth import EngineTenant, websocket_access  # noqa: E402
 from omniweb.web.security import browser_origin_validator, known_paths_only  # noqa: E402
@@ -52,7 +54,7 @@ application = EngineTenant(
             # Speech requests this engine would refuse under load are answered 503 before Django.
             "http": shed_early(
                 http_abort(shared_sync_thread(django_asgi_app)),
-                {"/v1/audio/speech": TTS_PIPELINE},
+                {"/v1/audio/speech": (TTS_PIPELINE, DEFAULT_RESPONSE_FORMAT)},
                 json.dumps(busy().body()).encode(),
             ),
             # Unknown paths refused first; the Origin check, then API tokens and the per-client session
@@ -69,6 +71,10 @@ application = EngineTenant(
 )
 
 PRELOAD_JOIN_SECONDS = 120.0
+
+# What each audio format's encoder costs this process (load shedding prices a stream's delivery
+# with it), measured now in the background (~50 ms), not by the first request that needs it.
+threading.Thread(target=measure_encoding_costs, name="encoding-costs", daemon=True).start()
 
 if settings.ENGINE_PRELOAD:
     # Load the models while the server starts, not on the first visitor's connection: the scheduler

@@ -153,11 +153,14 @@ def check_capabilities(config: SessionConfig, caps: Capabilities) -> None:
         )
 
 
-def tts_request(text: str, config: SessionConfig, pipeline: str, *, split: str | None = None) -> SpeakRequest:
+def tts_request(
+    text: str, config: SessionConfig, pipeline: str, *, split: str | None = None, delivery: float = 0.0
+) -> SpeakRequest:
     """The engine request that speaks ``text`` as ``config`` says (every wire format builds it here).
 
     ``split``: how the engine cuts the text into talker steps, when it differs from the wire's
     ``split_granularity`` (a flush sent as one sentence is still synthesized sentence by sentence).
+    ``delivery``: what the transport's encoder spends per second of its audio (``EngineRequest``).
     """
     return SpeakRequest(
         pipeline=pipeline,
@@ -170,6 +173,7 @@ def tts_request(text: str, config: SessionConfig, pipeline: str, *, split: str |
         first_chunk_frames=config.initial_codec_chunk_frames,
         max_frames=config.max_new_tokens,
         priority=Priority(config.priority),
+        delivery=delivery,
     )
 
 

@@ -32,6 +32,7 @@ from omniweb.base.protocol import excerpt
 from omniweb.conversation import Conversation, ConversationState, SpeechTurn
 from omniweb.engine.client import EngineClient
 from omniweb.engine.requests import SpeakRequest
+from omniweb.media.containers import encoding_cost
 
 from . import protocol
 from .codec.loops import CODEC_PIPELINE, shared_codec
@@ -326,7 +327,10 @@ def speak_request(
     else:
         # One piece per line: the splitter cuts them exactly where they were cut here.
         text, split = "\n".join(pieces), config.split_granularity
-    request = protocol.tts_request(text, config, PIPELINE, split=split)
+    # Files are encoded on the engine's cores; streamed PCM and codes leave as they are made.
+    encoded = not config.stream_audio and codec is None
+    delivery = encoding_cost(config.response_format) if encoded else 0.0
+    request = protocol.tts_request(text, config, PIPELINE, split=split, delivery=delivery)
     if split == "sentence" and merge:
         # max_new_tokens caps the flush, as one request; one file at the end plays nothing
         # meanwhile, so it is not paced.

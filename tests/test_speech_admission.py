@@ -330,7 +330,7 @@ async def test_an_admitted_request_goes_on_once_the_burst_has_arrived(measured, 
         if message["type"] == "http.response.start":
             events.append(f"refused {message['status']}")
 
-    app = shed_early(django, {"/v1/audio/speech": PIPELINE}, b"{}")
+    app = shed_early(django, {"/v1/audio/speech": (PIPELINE, "mp3")}, b"{}")
     scope = {"type": "http", "path": "/v1/audio/speech", "method": "POST", "headers": []}
     burst = []
     for _ in range(12):  # one arrival per turn of the loop, as a burst is read off its sockets
@@ -363,6 +363,62 @@ def test_the_streams_of_the_requests_ahead_count_in_a_new_ones_estimate(measured
     first_slope = (waits[third] - waits[0]) / third  # the first third: few streams started ahead
     last_slope = (waits[-1] - waits[-1 - third]) / third
     assert last_slope > 1.5 * first_slope, (first_slope, last_slope, len(waits))  # linear: equal
+
+
+def test_a_streams_delivery_is_priced_with_its_synthesis(measured):
+    """An encoder on the engine's cores makes each stream dearer: the door lets in about half as
+    many streams whose delivery costs what their synthesis does as streams sent as they are."""
+    measured._admit_budget = 1000.0  # no first audio is late: the streams' ceiling decides
+
+    def admitted(delivery: float) -> int:
+        held = []
+        while len(held) < 5000:
+            try:
+                held.append(measured.reserve(PIPELINE, None, delivery=delivery))
+            except AdmissionError:
+                break
+        for r in held:
+            measured.release(r)
+        return len(held)
+
+    plain, encoded = admitted(0.0), admitted(measured._stream_cost[PIPELINE])
+    assert 10 < plain < 5000
+    assert 0.4 * plain < encoded < 0.6 * plain, (plain, encoded)
+
+
+async def test_each_stream_carries_its_encoders_cost(measured, monkeypatch):
+    """What a request's encoder costs (measured once per format in this process) goes with it to
+    the engine: an mp3 over HTTP or a WebSocket's mp3 files, and nothing for streamed PCM."""
+    from django.test import AsyncClient
+
+    from omniweb.media.containers import encoding_cost
+    from speech.protocol import SessionConfig
+    from speech.session import speak_request
+
+    assert encoding_cost("mp3") > 0 and encoding_cost("pcm") == encoding_cost("wav") == 0.0
+    submitted: list[SpeakRequest] = []
+    submit = measured.submit
+
+    def spy(request_id: str, request: Any, sink: Any, reservation: int | None = None) -> None:
+        submitted.append(request)
+        submit(request_id, request, sink, reservation)
+
+    monkeypatch.setattr(measured, "submit", spy)
+    monkeypatch.setattr(runtime, "_client", LocalEngineClient(measured))
+    for response_format in ("mp3", "pcm"):
+        response = await AsyncClient().post(
+            "/v1/audio/speech",
+            {"model": "tts-1", "voice": "alloy", "input": HELLO, "response_format": response_format},
+            content_type="application/json",
+        )
+        assert response.status_code == 200
+        b"".join([chunk async for chunk in response.streaming_content])
+    assert [r.delivery for r in submitted] == [encoding_cost("mp3"), 0.0]
+
+    files = SessionConfig(response_format="mp3")
+    streamed = SessionConfig(response_format="pcm", stream_audio=True)
+    assert speak_request(files, [HELLO], merge=False, codec=None).delivery == encoding_cost("mp3")
+    assert speak_request(streamed, [HELLO], merge=False, codec=None).delivery == 0.0
 
 
 def test_a_front_door_reservation_counts_until_submitted_or_released(measured):

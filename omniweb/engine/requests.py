@@ -41,6 +41,9 @@ class EngineRequest:
     admit_budget: float | None = None  # seconds: a conversation's turn, whose speaker already waits
     tenant: str | None = None  # who it belongs to: first media is ordered fairly between tenants
     paced: bool = True  # False: made as fast as it can (one file per flush), whatever its priority
+    # CPU seconds its delivery (the adapter's encoder) spends per second of its media, on the cores
+    # the engine runs on: part of what its stream costs when load shedding prices it (0: as made).
+    delivery: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "priority", Priority(self.priority))  # "batch" from a config string

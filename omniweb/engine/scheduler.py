@@ -55,13 +55,6 @@ SHED_TOLERANCE = 1.25
 # throughput: the rest starts new requests, so a session that begins while a burst is being served
 # still has its first audio at the quiet pace instead of after the streams that fill the engine.
 STREAM_CEILING = 0.75
-# Until a saturated engine's throughput has been measured, a stream is priced at this many times
-# its measured work per worker (the workers taken not to add up): its delivery (the encoder, HTTP,
-# the event loop) runs on the same cores as its synthesis and costs about as much (mp3 on these
-# CPUs: 6 ms of encoding per second of audio against 8 ms of synthesis). Priced at the workers'
-# share alone, a cold burst of 300 was let in 76 where the measured engine admits ~50. The
-# measurement replaces it within the first saturated half second.
-COLD_CONTENTION = 2.0
 THROUGHPUT_WINDOW = 0.5  # seconds of saturated workers over which the engine's media rate is sampled
 IDLE_TOLERANCE = 0.02  # a window counts as saturated when its workers idled at most this share of it
 MAX_ESTIMATE = 3600.0  # seconds: what an estimate reports for "no room" (the engine cannot keep up)
@@ -264,6 +257,9 @@ class Scheduler:
         # what a stream costs whatever its shape (after the first media alone, a one-sentence
         # request has only vocoder work left, and priced a two-sentence stream at a third).
         self._stream_cost: dict[str, float] = {}
+        # Per pipeline: the CPU seconds per media second a finished stream's delivery spent on these
+        # cores (``EngineRequest.delivery``: its encoder), the average the throughput was measured on.
+        self._delivery: dict[str, float] = {}
         # Media seconds the engine delivers per second while every worker is busy (an EWMA over
         # THROUGHPUT_WINDOW samples): its real capacity, with everything else the process does on
         # the same cores. None until measured.
@@ -448,7 +444,7 @@ class Scheduler:
         with self._cond:
             now = time.monotonic()
             return {
-                name: round(self._estimate(name, now + self._budget), 3)
+                name: round(self._estimate(name, now + self._budget, delivery=self._delivery.get(name, 0.0)), 3)
                 for name in self._pipelines
                 if name in self._first_cost
             }
@@ -475,7 +471,9 @@ class Scheduler:
         # (one voice-agent backend's users share a token) still order it, but the fair delay they
         # add made the estimate 2x what such turns took (16 at once: 7.7-8.2 s estimated, the
         # admitted ones' first audio within 4.1 s).
-        job.fair_delay, wait = self._verdict(job.pipeline, job.tenant, job.submitted_at, turn=job.turn)
+        job.fair_delay, wait = self._verdict(
+            job.pipeline, job.tenant, job.submitted_at, turn=job.turn, delivery=job.request.delivery
+        )
         if wait is None:
             return
         if not reserved and wait > job.admit_budget and self._sheds(job.pipeline):
@@ -486,10 +484,11 @@ class Scheduler:
     def _sheds(self, pipeline: Pipeline) -> bool:
         return self._admit_budget > 0 and getattr(pipeline, "shed", True)
 
-    def reserve(self, name: str, tenant: str | None) -> int | None:
+    def reserve(self, name: str, tenant: str | None, delivery: float = 0.0) -> int | None:
         """Admit a real-time ``name`` request at the front door, before it is even parsed: its
         place counts in every estimate until it is submitted (``submit(reservation=)``) or
         ``release``d, so a burst that arrives faster than it is submitted cannot all pass the door.
+        ``delivery``: what its delivery is expected to cost (``EngineRequest.delivery``).
         Raises ``AdmissionError`` when load shedding would refuse it; None when nothing is estimated.
         """
         with self._cond:
@@ -497,7 +496,7 @@ class Scheduler:
             if pipeline is None or not self._running or not self._sheds(pipeline):
                 return None
             now = time.monotonic()
-            wait = self._verdict(pipeline, tenant, now)[1]
+            wait = self._verdict(pipeline, tenant, now, delivery=delivery)[1]
             if wait is None:
                 return None
             if wait > self._admit_budget:
@@ -512,7 +511,7 @@ class Scheduler:
                 self._reservations.pop(reservation)
 
     def _verdict(
-        self, pipeline: Pipeline, tenant: str | None, submitted_at: float, turn: bool = False
+        self, pipeline: Pipeline, tenant: str | None, submitted_at: float, turn: bool = False, delivery: float = 0.0
     ) -> tuple[float, float | None]:
         """A new request's fair delay, and its estimated wait for its first media (None: a
         pipeline with no measured cost yet, admitted by the counts). A conversation's ``turn`` is
@@ -531,9 +530,11 @@ class Scheduler:
             ahead += self._reservations.of_tenant(tenant)
             fair_delay = ahead * self._pace(name)
         aimed = submitted_at + self._budget + (0.0 if turn else fair_delay)
-        return fair_delay, self._estimate(name, aimed, cost, turn=turn)
+        return fair_delay, self._estimate(name, aimed, cost, turn=turn, delivery=delivery)
 
-    def _estimate(self, name: str, deadline: float, own: float | None = None, turn: bool = False) -> float:
+    def _estimate(
+        self, name: str, deadline: float, own: float | None = None, turn: bool = False, delivery: float = 0.0
+    ) -> float:
         """Seconds until the first media of a ``name`` request aimed at ``deadline``.
 
         Before it: the first media of every request aimed earlier, each at its measured work over
@@ -558,7 +559,7 @@ class Scheduler:
         first = self._reservations.first_cost(self._first_cost)
         load = 0.0  # the engine's share the playing streams take until the deadline
         streams = 0.0  # the playing streams' media work due before the deadline (a turn's estimate)
-        shares: dict[str, float] = {}  # per pipeline (the door asks this per arrival of a burst)
+        shares: dict[tuple[str, float], float] = {}  # the door asks this per arrival of a burst
         for j in (*self._active.values(), *self._queued):
             if j.finished or j.batch:
                 continue
@@ -568,43 +569,49 @@ class Scheduler:
                     first += max(0.0, self._first_cost.get(j.pipeline.name, 0.0) - j.work_seconds)
             else:
                 due = deadline - (j.first_media_at + j.media_seconds)
-                if (share := shares.get(j.pipeline.name)) is None:
-                    share = shares[j.pipeline.name] = self._stream_share(j.pipeline.name)
+                key = (j.pipeline.name, j.request.delivery)
+                if (share := shares.get(key)) is None:
+                    share = shares[key] = self._stream_share(*key)
                 load += share * min(horizon, max(0.0, due)) / horizon
                 streams += self._media_cost.get(j.pipeline.name, 0.0) * min(horizon, max(0.0, due))
         own_cost = self._first_cost.get(name, 0.0) if own is None else own
         if turn:
             ahead = max(first / self._n_workers, pending * self._first_gap.get(name, 0.0))
             return min(MAX_ESTIMATE, self._slowdown * (ahead + streams / self._n_workers + own_cost))
-        wait = self._start_in(name, pending + 1, load, first + own_cost)
+        wait = self._start_in(name, pending + 1, load, first + own_cost, delivery)
         # The first media ahead at the saturated engine's measured pace, when that is slower.
         paced = pending * self._first_gap.get(name, 0.0) + own_cost
         return min(MAX_ESTIMATE, self._slowdown * max(wait, paced))
 
-    def _start_in(self, name: str, count: int, load: float, work: float) -> float:
+    def _start_in(self, name: str, count: int, load: float, work: float, delivery: float) -> float:
         """Seconds until the last of ``count`` first media of ``name`` (``work`` worker seconds of
         first-media work in all), while the playing streams take ``load`` of the engine and each
-        one started adds its own stream. When they would take more than ``STREAM_CEILING`` of it,
-        past the budget by a stream's length: no room until one ends."""
-        share = self._stream_share(name)
+        one started adds its own stream (each priced with this one's ``delivery``). When they would
+        take more than ``STREAM_CEILING`` of it, past the budget by a stream's length: no room
+        until one ends."""
+        share = self._stream_share(name, delivery)
         wait = self._contention(name) * work / count / self._n_workers * _filling(count, load, share)
         if load + count * share > STREAM_CEILING:
             wait = max(wait, (self._admit_budget or self._budget) + max(1.0, self._media_len.get(name, 0.0)))
         return wait
 
     def _contention(self, name: str) -> float:
-        """How many times slower than its measured step costs the engine works for ``name`` on
-        these cores: its workers share them with the requests' HTTP handling, encoders and the
-        event loop. Measured from the throughput of a saturated engine (mp3 over HTTP on 2 CPUs:
-        ~1.7); until then ``COLD_CONTENTION`` times the workers."""
+        """How many times slower than its measured costs (steps and delivery) the engine works for
+        ``name`` on these cores: its workers share them with each other, the requests' HTTP
+        handling and the event loop. Measured from the throughput of a saturated engine; until
+        then the workers are taken not to add up."""
         cost = self._stream_cost.get(name)
         if self._throughput and cost:
-            return max(1.0, self._n_workers / (cost * self._throughput))
-        return COLD_CONTENTION * self._n_workers
+            return max(1.0, self._n_workers / ((cost + self._delivery.get(name, 0.0)) * self._throughput))
+        return float(self._n_workers)
 
-    def _stream_share(self, name: str) -> float:
-        """The share of the engine a real-time ``name`` stream takes (fed as fast as it plays)."""
-        return self._contention(name) * self._stream_cost.get(name, 0.0) / self._n_workers
+    def _stream_share(self, name: str, delivery: float) -> float:
+        """The share of the engine a real-time ``name`` stream takes (fed as fast as it plays): its
+        steps' work and its ``delivery``'s, per second of media, on these cores. Priced so, a
+        cold burst of 300 mp3 streams is let in about as many as the measured engine admits
+        (its steps alone said 76, where the measured engine let in ~50)."""
+        work = self._stream_cost.get(name, 0.0) + delivery
+        return self._contention(name) * work / self._n_workers
 
     def _pace(self, name: str) -> float:
         """Seconds between first media of ``name`` requests on a saturated engine: measured, or
@@ -913,6 +920,7 @@ class Scheduler:
         if not job.batch:
             self._learn(self._media_len, name, job.media_seconds)
             self._learn(self._stream_cost, name, job.work_seconds / job.media_seconds)
+            self._learn(self._delivery, name, job.request.delivery)
 
     def _fail(self, job: _Job, kind: ErrorKind = ErrorKind.ENGINE, message: str = "generation failed") -> None:
         job.finished = True

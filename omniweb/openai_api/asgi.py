@@ -42,16 +42,19 @@ def http_abort(application: Any) -> Callable[..., Any]:
     return app
 
 
-def shed_early(application: Any, routes: dict[str, str], busy_body: bytes) -> Callable[..., Any]:
-    """Refuse a ``POST`` to one of ``routes`` (path → engine pipeline) before Django, when this
-    process's engine would refuse it anyway (load shedding): a burst of hundreds of requests is
-    answered 503 in a fraction of a millisecond each instead of a trip through the middleware and
-    the view. Anything it does not refuse goes on unchanged; the engine still decides at submit.
+def shed_early(application: Any, routes: dict[str, tuple[str, str]], busy_body: bytes) -> Callable[..., Any]:
+    """Refuse a ``POST`` to one of ``routes`` (path → engine pipeline and the endpoint's default
+    audio format) before Django, when this process's engine would refuse it anyway (load
+    shedding): a burst of hundreds of requests is answered 503 in a fraction of a millisecond each
+    instead of a trip through the middleware and the view. The body is not read here, so a
+    request's stream is priced as the default format's (its encoder's cost). Anything it does not
+    refuse goes on unchanged; the engine still decides at submit, on the format asked for.
     """
     from omniweb.base import metrics
     from omniweb.engine import runtime
     from omniweb.engine.scheduler import AdmissionError
     from omniweb.engine.tenants import RESERVATION, TENANT
+    from omniweb.media.containers import encoding_cost
     from omniweb.web import auth
 
     arrivals = 0  # requests that reached the door (a burst shows as this moving between turns)
@@ -67,13 +70,14 @@ def shed_early(application: Any, routes: dict[str, str], busy_body: bytes) -> Ca
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> Any:
         nonlocal arrivals
-        pipeline = routes.get(scope.get("path", "")) if scope["type"] == "http" else None
-        sched = runtime.local_scheduler() if pipeline is not None and scope.get("method") == "POST" else None
-        if sched is None or not authorized(scope):
+        route = routes.get(scope.get("path", "")) if scope["type"] == "http" else None
+        sched = runtime.local_scheduler() if route is not None and scope.get("method") == "POST" else None
+        if sched is None or route is None or not authorized(scope):
             return await application(scope, receive, send)
         arrivals += 1
+        pipeline, default_format = route
         try:
-            reservation = sched.reserve(pipeline, TENANT.get())  # type: ignore[arg-type]
+            reservation = sched.reserve(pipeline, TENANT.get(), delivery=encoding_cost(default_format))
         except AdmissionError as exc:
             return await refuse(send, exc.retry_after or 1.0)
         token = RESERVATION.set(reservation)

@@ -53,6 +53,7 @@ OPENAI_VOICES = (
 SPEED_MIN, SPEED_MAX = 0.25, 4.0
 TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 TRANSCRIBE_LANGUAGES = ("en",)  # Whisper tiny.en is English-only
+DEFAULT_RESPONSE_FORMAT = "mp3"  # /v1/audio/speech without a response_format, as OpenAI's
 SPEECH_FIELDS = frozenset({"model", "input", "voice", "response_format", "speed", "instructions", "stream_format"})
 TRANSCRIPTION_FIELDS = frozenset(
     {"model", "language", "prompt", "response_format", "temperature", "timestamp_granularities[]", "stream"}
@@ -208,7 +209,7 @@ def parse_speech(data: dict[str, Any], caps: Capabilities, voices: Mapping[str, 
     if not isinstance(voice, str) or not voice:
         raise invalid("'voice' is required (a voice name)", "voice", "missing_required_parameter")
     local_voice = resolve_voice(voice, caps.voices, voices)
-    response_format = data.get("response_format") or "mp3"
+    response_format = data.get("response_format") or DEFAULT_RESPONSE_FORMAT
     if response_format not in STREAM_FORMATS:
         raise invalid(
             f"Unsupported response_format '{response_format}'; supported: {', '.join(STREAM_FORMATS)}",

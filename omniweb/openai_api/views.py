@@ -37,7 +37,7 @@ from omniweb.engine.messages import End, Segment, Status
 from omniweb.engine.requests import SPEECH
 from omniweb.engine.runtime import get_engine_client, loaded_engine_client
 from omniweb.engine.voice import voice
-from omniweb.media.containers import StreamEncoder, first_bytes_samples
+from omniweb.media.containers import StreamEncoder, encoding_cost, first_bytes_samples
 from omniweb.web import auth
 from speech.protocol import SAMPLE_RATE, SessionConfig, tts_request
 from speech.tts.vocoder import HOP
@@ -212,7 +212,10 @@ async def speech(request: HttpRequest) -> HttpResponse:
         engine = loaded_engine_client() or await asyncio.to_thread(get_engine_client)
         # The core's speech turn with one piece: one engine request, as the WebSocket's flush (a body
         # has one request, so nothing holds it for playback across requests).
-        stream = SpeechTurn(lambda pieces: tts_request(pieces[0], config, SPEECH), [params.input]).run(engine)
+        delivery = encoding_cost(params.response_format)  # the encoder shares the engine's cores
+        stream = SpeechTurn(
+            lambda pieces: tts_request(pieces[0], config, SPEECH, delivery=delivery), [params.input]
+        ).run(engine)
         if params.response_format in ("pcm", "wav"):  # nothing to set up
             first, encoder = await _first_chunk(stream), StreamEncoder(params.response_format)
         elif (spare := _SPARES.take(params.response_format)) is not None:
