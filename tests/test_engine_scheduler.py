@@ -336,7 +336,8 @@ def test_a_saturated_stretch_is_measured_from_its_start(make_scheduler):
     for i, sink in enumerate(sinks):  # one request a worker: 30 steps of 20 ms, 0.1 s of media each
         sched.submit(f"s{i}", CountRequest(steps=30, delay=0.02), sink)
     assert all(sink.ended.wait(5) for sink in sinks)
-    assert sched.throughput == pytest.approx(2 * 0.1 / 0.02, rel=0.3)  # media seconds per second
+    most = 2 * 0.1 / 0.02  # media seconds per second: two workers, 0.1 s of media per 20 ms step
+    assert sched.throughput is not None and 0.5 * most < sched.throughput <= 1.05 * most, sched.throughput
     wait_idle(sched)
 
 
