@@ -36,6 +36,7 @@ class CountRequest(EngineRequest):
     tag: str = ""
     long: bool = False
     lookahead: bool = False
+    media: float = 0.1  # seconds of media each step makes
 
 
 @dataclass
@@ -48,6 +49,7 @@ class CountState:
     tag: str = ""
     long: bool = False
     lookahead: bool = False  # steps after the first are look-ahead: due 0.1 s of media apart
+    media: float = 0.1
     done: int = 0
     batch_sizes: list[int] = field(default_factory=list)
 
@@ -77,6 +79,7 @@ class CountLoop:
             tag=request.tag,
             long=request.long,
             lookahead=request.lookahead,
+            media=request.media,
         )
 
     def next(self, state: CountState) -> WorkPlan | Any:
@@ -103,7 +106,7 @@ class CountLoop:
                 if state.fail_kind is not None:
                     raise EngineError(state.fail_kind, "secret internal detail", client_message="upstream said no")
                 raise RuntimeError("secret internal detail")
-            return StepResult(output=i, chunks=[TextDelta(str(i))], media_seconds=0.1)
+            return StepResult(output=i, chunks=[TextDelta(str(i))], media_seconds=state.media)
 
         def batch_run(plans: Sequence[WorkPlan]) -> list[StepResult]:
             with self.lock:
@@ -319,7 +322,7 @@ def test_admitted_requests_are_not_ended_for_the_streams_room(make_scheduler):
     names = [f"r{i}" for i in range(12)]
     for name in names:  # first media within 0.15 s of steps, at the pace of two per 20 ms
         sched.submit(name, CountRequest(steps=10, delay=0.02), log.sink(name))
-    sched._throughput = 1.0  # what such a window measures: a second of media per second
+    sched._throughput["count"] = 1.0  # what such a window measures: a second of media per second
     for name in names:
         assert log.ended[name].wait(10)
     assert all(log.ends[name]["status"] == "ok" for name in names), log.ends
@@ -337,8 +340,28 @@ def test_a_saturated_stretch_is_measured_from_its_start(make_scheduler):
         sched.submit(f"s{i}", CountRequest(steps=30, delay=0.02), sink)
     assert all(sink.ended.wait(5) for sink in sinks)
     most = 2 * 0.1 / 0.02  # media seconds per second: two workers, 0.1 s of media per 20 ms step
-    assert sched.throughput is not None and 0.5 * most < sched.throughput <= 1.05 * most, sched.throughput
+    rate = sched.throughputs().get("count")
+    assert rate is not None and 0.5 * most < rate <= 1.05 * most, rate
     wait_idle(sched)
+
+
+def test_another_pipelines_saturated_stretch_is_not_a_streams_capacity():
+    """A stretch of one pipeline's work (a video turn's perception, a burst of transcriptions:
+    much work, little media) measures that pipeline's rate, not the speech streams': counted
+    against them, it priced each stream at a large share of the engine and refused the next."""
+    quiet = CountPipeline()
+    quiet.name = "quiet"
+    sched = Scheduler({"count": CountPipeline(), "quiet": quiet}, workers=2, max_batch=1, admit_budget=10.0)
+    sched.start()
+    try:
+        sinks = [WireSink(), WireSink()]
+        for i, sink in enumerate(sinks):  # 0.6 s of both workers, a hundredth of the media
+            sched.submit(f"q{i}", CountRequest(pipeline="quiet", steps=30, delay=0.02, media=0.001), sink)
+        assert all(sink.ended.wait(5) for sink in sinks)
+        rates = sched.throughputs()
+        assert "count" not in rates and rates.get("quiet", 0.0) < 0.2, rates
+    finally:
+        sched.stop()
 
 
 def test_a_failing_step_ends_only_its_request(make_scheduler, caplog):

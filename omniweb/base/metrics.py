@@ -192,7 +192,7 @@ def engine_record(worker: str, sched: Any, status: dict[str, Any] | None) -> dic
         waits=sched.estimated_waits(),
         slowdown=sched.slowdown,
         paces=sched.start_paces(),
-        throughput=sched.throughput,
+        throughputs=sched.throughputs(),
     )
 
 
@@ -205,7 +205,7 @@ def worker_record(
     waits: dict[str, float] | None = None,
     slowdown: float = 1.0,
     paces: dict[str, float] | None = None,
-    throughput: float | None = None,
+    throughputs: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """One engine's load as /healthz and /metrics read it; also what workers publish to Redis.
 
@@ -214,8 +214,8 @@ def worker_record(
     (``slowdown``: how much longer first media took than estimated, lately; the estimates include it);
     ``start_pace_seconds``: per pipeline, the seconds between request starts a saturated engine is
     estimated to manage (what each request already waiting adds to a new one's wait);
-    ``media_throughput``: media seconds per second the engine delivered with every worker busy
-    (its measured capacity; null until it has been saturated).
+    ``media_throughput``: per pipeline, the media seconds per second it delivered with every worker
+    busy with it (its measured capacity; absent until it has been).
     """
     return {
         "worker": worker,
@@ -227,7 +227,7 @@ def worker_record(
         "estimated_wait_seconds": dict(waits or {}),
         "slowdown": round(slowdown, 3),
         "start_pace_seconds": dict(paces or {}),
-        "media_throughput": None if throughput is None else round(throughput, 2),
+        "media_throughput": dict(throughputs or {}),
         "active": stats.active,
         "queued": stats.queued,
         "running_steps": stats.running_steps,

@@ -57,6 +57,7 @@ SHED_TOLERANCE = 1.25
 STREAM_CEILING = 0.75
 THROUGHPUT_WINDOW = 0.5  # seconds of saturated workers over which the engine's media rate is sampled
 IDLE_TOLERANCE = 0.02  # a window counts as saturated when its workers idled at most this share of it
+STREAM_WORK_SHARE = 0.5  # a pipeline's rate is learned from a window whose work was at least this share its
 MAX_ESTIMATE = 3600.0  # seconds: what an estimate reports for "no room" (the engine cannot keep up)
 MAX_RETRY_AFTER = 10.0  # seconds: a refusal's hint at most (the streams filling the engine end by then)
 
@@ -138,6 +139,17 @@ class _Entry:
     io_wait: bool = False  # on outside I/O (``WaitFor``): re-polled only when woken
     busy: bool = False
     done: bool = False
+
+
+@dataclass(frozen=True)
+class _Window:
+    """Where a throughput window started: when, and the totals then (idle worker seconds, and per
+    pipeline its media seconds and its steps' worker seconds)."""
+
+    start: float
+    idle: float
+    media: dict[str, float]
+    work: dict[str, float]
 
 
 @dataclass(eq=False)
@@ -260,14 +272,15 @@ class Scheduler:
         # Per pipeline: the CPU seconds per media second a finished stream's delivery spent on these
         # cores (``EngineRequest.delivery``: its encoder), the average the throughput was measured on.
         self._delivery: dict[str, float] = {}
-        # Media seconds the engine delivers per second while every worker is busy (an EWMA over
-        # THROUGHPUT_WINDOW samples): its real capacity, with everything else the process does on
-        # the same cores. None until measured.
-        self._throughput: float | None = None
-        self._media_total = 0.0
+        # Per pipeline: the media seconds the engine delivers per second while every worker is busy
+        # with it (an EWMA over THROUGHPUT_WINDOW samples): its real capacity, with everything else
+        # the process does on the same cores. Absent until measured.
+        self._throughput: dict[str, float] = {}
+        self._media_by: dict[str, float] = {}  # per pipeline: media seconds delivered, in all
+        self._work_by: dict[str, float] = {}  # per pipeline: worker seconds its steps took, in all
         self._idle_total = 0.0  # worker seconds spent waiting for work
         self._idle_from: dict[int, float] = {}  # thread id -> since when that worker waits
-        self._window: tuple[float, float, float] = (time.monotonic(), 0.0, 0.0)  # (start, idle, media) then
+        self._window = _Window(time.monotonic(), 0.0, {}, {})
         # How much longer first media took than estimated, under load (an EWMA of the ratio): the
         # workers share the cores with the event loop, encoders and each other, so W workers do
         # less than W times one worker's work. Estimates are scaled by it.
@@ -449,10 +462,10 @@ class Scheduler:
                 if name in self._first_cost
             }
 
-    @property
-    def throughput(self) -> float | None:
-        """Media seconds delivered per second while every worker was busy (None: not measured)."""
-        return self._throughput
+    def throughputs(self) -> dict[str, float]:
+        """Per pipeline measured: the media seconds it delivers per second with every worker busy."""
+        with self._cond:
+            return {name: round(rate, 2) for name, rate in self._throughput.items()}
 
     def start_paces(self) -> dict[str, float]:
         """Per ready pipeline: the seconds between first media the estimates assume on a saturated
@@ -601,8 +614,9 @@ class Scheduler:
         handling and the event loop. Measured from the throughput of a saturated engine; until
         then the workers are taken not to add up."""
         cost = self._stream_cost.get(name)
-        if self._throughput and cost:
-            return max(1.0, self._n_workers / ((cost + self._delivery.get(name, 0.0)) * self._throughput))
+        rate = self._throughput.get(name)
+        if rate and cost:
+            return max(1.0, self._n_workers / ((cost + self._delivery.get(name, 0.0)) * rate))
         return float(self._n_workers)
 
     def _stream_share(self, name: str, delivery: float) -> float:
@@ -648,27 +662,33 @@ class Scheduler:
             self._promote()
 
     def _sample_throughput(self, now: float) -> None:
-        """Close a throughput window: its media rate is learned when no worker idled in it."""
-        start, _, media_then = self._window
-        if now - start < THROUGHPUT_WINDOW:
+        """Close a throughput window: when no worker idled in it, each pipeline whose steps took
+        most of it learns its media rate, as if they had taken all of it. A stretch of another
+        pipeline's work (a burst of transcriptions, a video turn's perception) says nothing of
+        what a speech stream costs: counted against speech, it priced each stream at a fifth of
+        the engine."""
+        window = self._window
+        span = now - window.start
+        if span < THROUGHPUT_WINDOW:
             return
         if not self._window_idled(now):
-            rate = (self._media_total - media_then) / (now - start)
-            if rate > 0:
-                old = self._throughput
-                self._throughput = rate if old is None else old + COST_SMOOTHING * (rate - old)
-        self._window = (now, self._idle_seconds(now), self._media_total)
+            for name, total in self._work_by.items():
+                work = total - window.work.get(name, 0.0)
+                media = self._media_by.get(name, 0.0) - window.media.get(name, 0.0)
+                if media > 0 and work >= STREAM_WORK_SHARE * span * self._n_workers:
+                    self._learn(self._throughput, name, media * self._n_workers / work)
+        self._window = _Window(now, self._idle_seconds(now), dict(self._media_by), dict(self._work_by))
 
     def _restart_window(self, now: float) -> None:
         """Start the throughput window afresh when the current one has idled: a saturated stretch
         is measured from its start (windows on a fixed clock straddled its edges, and the warm-up
         bursts of ``bench/overload.py``, ~1 s each, often measured none)."""
         if self._window_idled(now):
-            self._window = (now, self._idle_seconds(now), self._media_total)
+            self._window = _Window(now, self._idle_seconds(now), dict(self._media_by), dict(self._work_by))
 
     def _window_idled(self, now: float) -> bool:
-        start, idle_then, _ = self._window
-        return self._idle_seconds(now) - idle_then > IDLE_TOLERANCE * (now - start) * self._n_workers
+        window = self._window
+        return self._idle_seconds(now) - window.idle > IDLE_TOLERANCE * (now - window.start) * self._n_workers
 
     def _idle_seconds(self, now: float) -> float:
         return self._idle_total + sum(now - t for t in self._idle_from.values())
@@ -994,6 +1014,7 @@ class Scheduler:
                     e.busy = False
                     job.stale = True
                     job.work_seconds += share
+                    self._work_by[job.pipeline.name] = self._work_by.get(job.pipeline.name, 0.0) + share
                     if job.finished:
                         continue  # cancelled while the step ran: drop its output
                     error, result = errors[i], results[i]
@@ -1048,7 +1069,8 @@ class Scheduler:
                     ratio = (job.first_media_at - job.submitted_at) / job.unscaled_wait
                     self._learn_slowdown(ratio)
             job.media_seconds += result.media_seconds
-            self._media_total += result.media_seconds
+            name = job.pipeline.name
+            self._media_by[name] = self._media_by.get(name, 0.0) + result.media_seconds
         for chunk in result.chunks:
             self._emit(job, chunk)
 
