@@ -722,9 +722,11 @@ async def _kill_a_worker_mid_stream(stack: Stack, n: Nginx, redis_url: str, work
             await asyncio.sleep(0.25)
         assert set(active) == set(ours), f"a worker stopped heartbeating: {beats}"
         unfinished = [i for i, s in enumerate(sessions) if not s.json("session.done")]
+        finished = {i: s.summary() for i, s in enumerate(sessions) if i not in unfinished}
         assert sum(active.values()) == len(unfinished) == SESSIONS, (
             f"the flushes must still be running when the worker is killed (make FLUSH_SENTENCES larger): "
-            f"active by worker {active}, unfinished sessions {unfinished}"
+            f"active by worker {active}, unfinished sessions {unfinished}, the finished ones: {finished}, "
+            f"heartbeats: {beats}"
         )
         # The busier worker: its peer then serves any others (both outcomes checked whenever the
         # sessions are split at all) and is left with the fewest flushes to finish.
