@@ -57,7 +57,7 @@ SHED_TOLERANCE = 1.25
 STREAM_CEILING = 0.75
 THROUGHPUT_WINDOW = 0.5  # seconds of saturated workers over which the engine's media rate is sampled
 IDLE_TOLERANCE = 0.02  # a window counts as saturated when its workers idled at most this share of it
-STREAM_WORK_SHARE = 0.5  # a pipeline's rate is learned from a window whose work was at least this share its
+STREAM_WORK_SHARE = 0.5  # a pipeline's rate is learned from windows where its steps took this share of the workers
 MAX_ESTIMATE = 3600.0  # seconds: what an estimate reports for "no room" (the engine cannot keep up)
 MAX_RETRY_AFTER = 10.0  # seconds: a refusal's hint at most (the streams filling the engine end by then)
 
@@ -665,8 +665,8 @@ class Scheduler:
         """Close a throughput window: when no worker idled in it, each pipeline whose steps took
         most of it learns its media rate, as if they had taken all of it. A stretch of another
         pipeline's work (a burst of transcriptions, a video turn's perception) says nothing of
-        what a speech stream costs: counted against speech, it priced each stream at a fifth of
-        the engine."""
+        what a speech stream costs: counted against speech, much work and little media would
+        price each stream at a large share of the engine."""
         window = self._window
         span = now - window.start
         if span < THROUGHPUT_WINDOW:
@@ -677,14 +677,17 @@ class Scheduler:
                 media = self._media_by.get(name, 0.0) - window.media.get(name, 0.0)
                 if media > 0 and work >= STREAM_WORK_SHARE * span * self._n_workers:
                     self._learn(self._throughput, name, media * self._n_workers / work)
-        self._window = _Window(now, self._idle_seconds(now), dict(self._media_by), dict(self._work_by))
+        self._window = self._fresh_window(now)
 
     def _restart_window(self, now: float) -> None:
         """Start the throughput window afresh when the current one has idled: a saturated stretch
         is measured from its start (windows on a fixed clock straddled its edges, and the warm-up
         bursts of ``bench/overload.py``, ~1 s each, often measured none)."""
         if self._window_idled(now):
-            self._window = _Window(now, self._idle_seconds(now), dict(self._media_by), dict(self._work_by))
+            self._window = self._fresh_window(now)
+
+    def _fresh_window(self, now: float) -> _Window:
+        return _Window(now, self._idle_seconds(now), dict(self._media_by), dict(self._work_by))
 
     def _window_idled(self, now: float) -> bool:
         window = self._window
