@@ -10,6 +10,8 @@ import os
 import secrets
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -205,15 +207,36 @@ VIDEO_DECODE_THREADS = env_int("VIDEO_DECODE_THREADS", 2)
 VIDEO_MAX_BUFFER_BYTES = env_int("VIDEO_MAX_BUFFER_BYTES", 256 * 1024 * 1024)
 VIDEO_HISTORY_TURNS = env_int("VIDEO_HISTORY_TURNS", 8)  # earlier question/answer pairs sent with a query
 
-# Video engine (the video.turn pipeline: thinker -> talker -> vocoder).
-VIDEO_THINKER = env_str("VIDEO_THINKER", "scene")  # "scene" (offline, OpenCV measures) or "upstream"
-# upstream: an OpenAI-compatible chat-completions server with image input, by its base URL
-# (e.g. http://127.0.0.1:8000/v1; /chat/completions is appended), model name and key.
-VIDEO_UPSTREAM_URL = env_str("VIDEO_UPSTREAM_URL", "")
-VIDEO_UPSTREAM_MODEL = env_str("VIDEO_UPSTREAM_MODEL", "")  # used when the session names no model
-VIDEO_UPSTREAM_API_KEY = env_str("VIDEO_UPSTREAM_API_KEY", "")
-VIDEO_UPSTREAM_TIMEOUT = env_float("VIDEO_UPSTREAM_TIMEOUT", 30.0)  # seconds to connect, and between two reads
-VIDEO_UPSTREAM_MAX_TOKENS = env_int("VIDEO_UPSTREAM_MAX_TOKENS", 512)  # answer length cap sent upstream (0: none)
+# What answers (the video.turn pipeline: thinker -> talker -> vocoder), on the video endpoint and
+# /v1/realtime: "scene" (offline: the perception models' measures, in fixed sentences) or "llm" (a
+# language model, grounded in those measures, with instructions, history and tool calls).
+THINKER = env_str("THINKER", "scene")
+# llm: an OpenAI-compatible chat-completions server by its base URL (e.g. http://127.0.0.1:8000/v1;
+# /chat/completions is appended), its model name and key; or a GGUF file run in the engine process
+# by llama.cpp (xllamacpp), by path or as package:<module>/<file.gguf> for a model shipped in a wheel.
+LLM_URL = env_str("LLM_URL", "")
+LLM_MODEL = env_str("LLM_MODEL", "")  # the name sent (embedded: the file's name when empty)
+LLM_API_KEY = env_str("LLM_API_KEY", "")
+LLM_MODEL_PATH = env_str("LLM_MODEL_PATH", "")
+LLM_IMAGES = env_str("LLM_IMAGES", "off")  # "on": the frames also go as image parts (a vision model)
+LLM_TIMEOUT = env_float("LLM_TIMEOUT", 30.0)  # server: seconds to connect, and between two reads
+LLM_MAX_TOKENS = env_int("LLM_MAX_TOKENS", 512)  # an answer's length cap (a client may ask for less)
+LLM_CONTEXT = env_int("LLM_CONTEXT", 4096)  # tokens of context per answer: the oldest turns go past it
+LLM_PARALLEL = env_int("LLM_PARALLEL", 4)  # embedded: answers decoded together (llama.cpp slots)
+LLM_THREADS = env_int("LLM_THREADS", 2)  # embedded: CPU threads of the model
+# How function calls and their outputs reach the model: "native" (tool messages), "text" (as
+# sentences, for chat templates without tool support) or "auto" (asked of the model once).
+LLM_TOOL_MESSAGES = env_str("LLM_TOOL_MESSAGES", "auto")
+for _old, _new in (
+    ("VIDEO_THINKER", "OMNIWEB_THINKER (scene or llm)"),
+    ("VIDEO_UPSTREAM_URL", "OMNIWEB_LLM_URL"),
+    ("VIDEO_UPSTREAM_MODEL", "OMNIWEB_LLM_MODEL"),
+    ("VIDEO_UPSTREAM_API_KEY", "OMNIWEB_LLM_API_KEY"),
+    ("VIDEO_UPSTREAM_TIMEOUT", "OMNIWEB_LLM_TIMEOUT"),
+    ("VIDEO_UPSTREAM_MAX_TOKENS", "OMNIWEB_LLM_MAX_TOKENS"),
+):
+    if f"OMNIWEB_{_old}" in os.environ:
+        raise ImproperlyConfigured(f"OMNIWEB_{_old} was replaced by {_new} (docs/configuration.md)")
 # Whisper tiny.en (every transcription: spoken questions, realtime input, the transcription API):
 # CPU threads per model call, beam size (1: greedy, fastest), CTranslate2 compute type (empty: int8
 # on the CPU, float16 on CUDA). (Named OMNIWEB_VIDEO_ASR_* before Whisper served every endpoint.)
@@ -285,8 +308,6 @@ PERMISSIONS_POLICY = {
 # tokens in production: refuse to start with one unless DEBUG is on.
 EXAMPLE_SECRET_KEYS = {"change-me"}
 if not DEBUG and (SECRET_KEY in EXAMPLE_SECRET_KEYS or SECRET_KEY.startswith("django-insecure-")):
-    from django.core.exceptions import ImproperlyConfigured
-
     raise ImproperlyConfigured(
         "OMNIWEB_SECRET_KEY is the example value: set a secret of your own "
         "(python3 -c 'import secrets; print(secrets.token_urlsafe(50))'), or unset it for a random per-process key"

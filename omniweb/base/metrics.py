@@ -85,6 +85,23 @@ VIDEO_TURN = Histogram(
     buckets=_TURN_BUCKETS,
     registry=REGISTRY,
 )
+LLM_TOKENS = Counter(
+    "omniweb_llm_tokens",
+    "Language model tokens (thinker llm), by kind: prompt (read) or completion (generated)",
+    ["kind"],
+    registry=REGISTRY,
+)
+LLM_FIRST_TOKEN = Histogram(
+    "omniweb_llm_first_token_seconds",
+    "Seconds from a language model request to its first token of text or its first whole function call",
+    buckets=_TURN_BUCKETS,
+    registry=REGISTRY,
+)
+LLM_ACTIVE = Gauge(
+    "omniweb_llm_answers_active",
+    "Language model answers being generated for this process's engine",
+    registry=REGISTRY,
+)
 ERRORS = Counter(
     "omniweb_errors",
     "Errors sent to clients and refused WebSocket handshakes, by kind",
@@ -98,6 +115,8 @@ for _mode in ("stream", "file"):
     TIME_TO_FIRST_AUDIO.labels(mode=_mode)
 for _outcome in ("ok", "error"):
     VIDEO_TURN.labels(outcome=_outcome)
+for _tokens in ("prompt", "completion"):
+    LLM_TOKENS.labels(kind=_tokens)
 
 
 # -- instrumentation entry points --------------------------------------------------------------------

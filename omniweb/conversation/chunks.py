@@ -27,6 +27,7 @@ from omniweb.engine.messages import (
     Status,
     TextDelta,
     TextEnd,
+    ToolCall,
     Transcript,
     WordTiming,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "SentenceStart",
     "TextDelta",
     "TextEnd",
+    "ToolCall",
     "Transcript",
     "TurnEnd",
     "Usage",
@@ -69,9 +71,10 @@ class AudioChunk:
 
 @dataclass(frozen=True)
 class Usage:
-    """Token counts of a turn. omniweb's thinkers report none, so these are estimates from what was
-    sent and heard, at OpenAI's published rates: text one token per word or punctuation mark, input
-    audio one per 100 ms, output audio one per 50 ms, images one per 32x32-pixel patch (at most 1536)."""
+    """Token counts of a turn. Text tokens are the language model's own counts where one answered;
+    the rest (and text, for the ``scene`` thinker) are estimates from what was sent and heard, at
+    OpenAI's published rates: text one token per word or punctuation mark, input audio one per
+    100 ms, output audio one per 50 ms, images one per 32x32-pixel patch (at most 1536)."""
 
     input_text_tokens: int = 0
     input_audio_tokens: int = 0
@@ -107,13 +110,17 @@ class TurnEnd:
     usage: Usage | None = None
     rng_state: str | None = None  # a speech request's noise generator, where the next request resumes it
     retry_after: float | None = None  # refused at capacity: load shedding's estimate of when a retry may be admitted
+    prompt_tokens: int | None = None  # the language model's own counts, when one answered
+    completion_tokens: int | None = None
 
     @property
     def ok(self) -> bool:
         return self.status is Status.OK
 
 
-EngineChunk = Transcript | TextDelta | TextEnd | SentenceStart | AudioChunk | SentenceEnd | CodecCodes | TurnEnd
+EngineChunk = (
+    Transcript | TextDelta | ToolCall | TextEnd | SentenceStart | AudioChunk | SentenceEnd | CodecCodes | TurnEnd
+)
 
 
 def parse_end(end: End) -> TurnEnd:
@@ -126,6 +133,8 @@ def parse_end(end: End) -> TurnEnd:
         transcript=end.transcript,
         rng_state=end.rng_state,
         retry_after=end.retry_after,
+        prompt_tokens=end.prompt_tokens,
+        completion_tokens=end.completion_tokens,
     )
 
 
@@ -136,7 +145,7 @@ def parse_chunk(chunk: Chunk) -> EngineChunk | None:
         return parse_end(chunk)
     if isinstance(chunk, PcmAudio):
         return AudioChunk(chunk.pcm, sample_rate=chunk.sample_rate)
-    if isinstance(chunk, Transcript | TextDelta | TextEnd | SentenceStart | SentenceEnd | CodecCodes):
+    if isinstance(chunk, Transcript | TextDelta | ToolCall | TextEnd | SentenceStart | SentenceEnd | CodecCodes):
         return chunk
     return None
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from omniweb.base.errors import ErrorKind
 from omniweb.engine.client import EngineClient
 from omniweb.engine.messages import Status
-from omniweb.engine.requests import AnswerRequest, FrameIn, HistoryEntry
+from omniweb.engine.requests import AnswerRequest, FrameIn, FunctionTool, HistoryEntry, ToolChoice
 
 from .chunks import ChunkParser, EngineChunk, TextDelta, Transcript, TurnEnd, Usage
 from .frames import BufferedFrame, FrameBuffer, FrameSelection
@@ -53,8 +53,15 @@ class TurnSpec:
     question: Question
     frames: Sequence[BufferedFrame] = ()  # the candidates (a snapshot of the buffer), oldest first
     selection: FrameSelection = field(default_factory=FrameSelection)
-    history: Sequence[Mapping[str, str]] = ()  # [{"role": "user" | "assistant", "content"}], oldest first
+    # Oldest first: {"role": "user" | "assistant", "content"} mappings, or ``HistoryEntry``s (which
+    # also carry an assistant's function calls and the functions' outputs).
+    history: Sequence[Mapping[str, str] | HistoryEntry] = ()
     instructions: str | None = None  # the system prompt (None: the thinker's own)
+    tools: Sequence[FunctionTool] = ()  # functions the language model may call
+    tool_choice: ToolChoice = ToolChoice.AUTO
+    tool_name: str | None = None  # tool_choice FUNCTION: the one to call
+    parallel_tool_calls: bool = True
+    max_tokens: int | None = None  # the answer's length cap in model tokens (None: the thinker's)
     modalities: tuple[str, ...] = MODALITIES
     voice: str | None = None  # None: the server's default voice
     model: str | None = None
@@ -93,7 +100,7 @@ def engine_request(spec: TurnSpec, frames: Sequence[BufferedFrame]) -> AnswerReq
         question=spec.question.text,
         audio=spec.question.audio,
         frames=tuple(FrameIn(data=f.data, frame_id=f.frame_id, pts_ms=f.pts_ms) for f in frames),
-        history=tuple(HistoryEntry(role=h["role"], content=h["content"]) for h in spec.history),
+        history=tuple(_entry(h) for h in spec.history),
         system_prompt=spec.instructions,
         modalities=tuple(spec.modalities),
         voice=spec.voice,
@@ -101,7 +108,18 @@ def engine_request(spec: TurnSpec, frames: Sequence[BufferedFrame]) -> AnswerReq
         timestamps="audio" in spec.modalities,  # word timings ride the audio (truncation, captions)
         transcribe=spec.question.transcribe,
         admit_budget=spec.admit_budget,
+        tools=tuple(spec.tools),
+        tool_choice=spec.tool_choice,
+        tool_name=spec.tool_name,
+        parallel_tool_calls=spec.parallel_tool_calls,
+        max_tokens=spec.max_tokens,
     )
+
+
+def _entry(message: Mapping[str, str] | HistoryEntry) -> HistoryEntry:
+    if isinstance(message, HistoryEntry):
+        return message
+    return HistoryEntry(role=message["role"], content=message["content"])
 
 
 def count_text_tokens(text: str) -> int:
@@ -112,15 +130,24 @@ def image_tokens(frame: BufferedFrame) -> int:
     return min(1536, math.ceil(frame.width / 32) * math.ceil(frame.height / 32))
 
 
-def estimate_usage(spec: TurnSpec, frames: Sequence[BufferedFrame], answer: str, answer_audio_ms: float) -> Usage:
-    """``Usage``'s estimates (its docstring has the rates) for one turn."""
-    prompt = [spec.question.text, spec.instructions or "", *(h.get("content", "") for h in spec.history)]
+def estimate_usage(
+    spec: TurnSpec, frames: Sequence[BufferedFrame], answer: str, answer_audio_ms: float, end: TurnEnd | None = None
+) -> Usage:
+    """A turn's ``Usage``: the language model's own text counts where ``end`` carries them, the
+    estimates (``Usage``'s docstring has the rates) for the rest."""
+    prompt = [spec.question.text, spec.instructions or "", *(_entry(h).content for h in spec.history)]
     audio_ms = len(spec.question.audio) / 2 / INPUT_SAMPLE_RATE * 1000.0
+    input_text = sum(count_text_tokens(t) for t in prompt)
+    output_text = count_text_tokens(answer)
+    if end is not None and end.prompt_tokens is not None:
+        input_text = end.prompt_tokens
+    if end is not None and end.completion_tokens is not None:
+        output_text = end.completion_tokens
     return Usage(
-        input_text_tokens=sum(count_text_tokens(t) for t in prompt),
+        input_text_tokens=input_text,
         input_audio_tokens=math.ceil(audio_ms / 100.0),
         input_image_tokens=sum(image_tokens(f) for f in frames),
-        output_text_tokens=count_text_tokens(answer),
+        output_text_tokens=output_text,
         output_audio_tokens=math.ceil(answer_audio_ms / 50.0),
     )
 
@@ -151,7 +178,7 @@ async def run_turn(engine: EngineClient, spec: TurnSpec) -> AsyncIterator[TurnEv
                         chunk,
                         text=answer,
                         transcript=chunk.transcript if chunk.transcript is not None else transcript,
-                        usage=estimate_usage(spec, selected, answer, parser.audio_ms),
+                        usage=estimate_usage(spec, selected, answer, parser.audio_ms, chunk),
                     )
                     return
                 yield chunk

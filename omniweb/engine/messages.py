@@ -69,6 +69,17 @@ class TextDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """The language model called a function; ``arguments`` is whole JSON text that fits the
+    function's schema (a call is only sent complete and checked, never half of one)."""
+
+    TYPE: ClassVar[str] = "call"
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class TextEnd:
     """The answer's text is complete (its audio may still follow)."""
 
@@ -168,6 +179,8 @@ class End:
     sentences: int | None = None  # speech: sentences spoken
     duration: float | None = None  # a transcription: seconds of audio heard
     segments: int | None = None  # a transcription: segments decoded
+    prompt_tokens: int | None = None  # a turn answered by a language model: its own token counts
+    completion_tokens: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -195,6 +208,7 @@ CANCELLED = End(status=Status.CANCELLED)
 Chunk = (
     Transcript
     | TextDelta
+    | ToolCall
     | TextEnd
     | SentenceStart
     | PcmAudio
@@ -211,6 +225,7 @@ _TYPES: dict[str, type[Any]] = {
     for cls in (
         Transcript,
         TextDelta,
+        ToolCall,
         TextEnd,
         SentenceStart,
         PcmAudio,

@@ -110,9 +110,40 @@ class FrameIn:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FunctionTool:
+    """A function the language model may call: its JSON Schema travels as JSON text (plain data
+    across the Redis boundary, and the exact text the client declared)."""
+
+    name: str
+    description: str = ""
+    parameters: str = "{}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FunctionCall:
+    """A call the model made: ``arguments`` is JSON text that fits the function's schema."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+class ToolChoice(StrEnum):
+    AUTO = "auto"  # the model decides (where its chat template supports tools)
+    NONE = "none"  # the model answers in words
+    REQUIRED = "required"  # the model calls one of the tools
+    FUNCTION = "function"  # the model calls ``AnswerRequest.tool_name``
+
+
+@dataclass(frozen=True, kw_only=True)
 class HistoryEntry:
-    role: str  # "user" | "assistant"
-    content: str
+    """One message of the conversation so far: a user's or assistant's words, an assistant's
+    function calls (``calls``), or a function's output (role ``tool``, answering ``call_id``)."""
+
+    role: str  # "user" | "assistant" | "tool"
+    content: str = ""
+    calls: tuple[FunctionCall, ...] = ()
+    call_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +160,15 @@ class AnswerRequest(SpeakingRequest):
     modalities: tuple[str, ...] = ("text", "audio")
     model: str | None = None
     transcribe: bool = False
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = ToolChoice.AUTO
+    tool_name: str | None = None  # tool_choice FUNCTION: the function to call
+    parallel_tool_calls: bool = True
+    max_tokens: int | None = None  # the answer's length cap in model tokens (None: the thinker's)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "tool_choice", ToolChoice(self.tool_choice))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -428,9 +428,9 @@ def _served() -> list[tuple[str, str]]:
     caps = voice().capabilities()
     names = [caps.model_names[0], *protocol.SPEECH_MODEL_ALIASES, protocol.TRANSCRIBE_MODEL]
     names += [*protocol.TRANSCRIBE_MODEL_ALIASES, *protocol.REALTIME_MODEL_ALIASES]
-    # The video thinker (on /v1/video/chat/stream): the built-in scene analyser, or the upstream model.
-    upstream = settings.VIDEO_THINKER == "upstream" and settings.VIDEO_UPSTREAM_MODEL
-    names.append(settings.VIDEO_UPSTREAM_MODEL if upstream else f"omniweb-video-{settings.VIDEO_THINKER}")
+    # The thinker (video endpoint and /v1/realtime): the built-in scene analyser, or the language model.
+    named = settings.THINKER == "llm" and settings.LLM_MODEL
+    names.append(settings.LLM_MODEL if named else f"omniweb-video-{settings.THINKER}")
     return [(name, "omniweb") for name in names]
 
 

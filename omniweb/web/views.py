@@ -28,6 +28,19 @@ def _no_store(response: HttpResponse) -> HttpResponse:
     return response
 
 
+def _thinker() -> dict[str, Any]:
+    """Which thinker answers (the configuration; a worker that failed to load it shows in ``engine``)."""
+    if settings.THINKER.strip().lower() != "llm":
+        return {"kind": settings.THINKER}
+    if settings.LLM_URL:
+        return {"kind": "llm", "source": "server", "model": settings.LLM_MODEL or None}  # the URL may name internals
+    return {
+        "kind": "llm",
+        "source": "embedded",
+        "model": settings.LLM_MODEL or settings.LLM_MODEL_PATH.rsplit("/", 1)[-1],
+    }
+
+
 @require_GET
 async def healthz(request: HttpRequest) -> HttpResponse:
     """Readiness: 200 once an engine can serve without a model-load wait (this process's, with its
@@ -58,7 +71,15 @@ async def healthz(request: HttpRequest) -> HttpResponse:
         status = "unavailable"
     else:
         status = "starting"
-    body = {"ok": ready, "ready": ready, "status": status, "channel_layer": layer, "workers": workers, "engine": engine}
+    body = {
+        "ok": ready,
+        "ready": ready,
+        "status": status,
+        "channel_layer": layer,
+        "workers": workers,
+        "engine": engine,
+        "thinker": _thinker(),
+    }
     response = JsonResponse(body, status=200 if ready else 503)
     # A probe polls this while the models load: not an error for django.request to log each time.
     response._has_been_logged = True  # type: ignore[attr-defined]

@@ -36,12 +36,13 @@ from omniweb.asr.whisper import Options as AsrOptions
 from omniweb.base.errors import ErrorKind
 from omniweb.engine.contracts import DONE, Done, ShapeSignature, StepResult, WaitFor, Waiting, WorkPlan
 from omniweb.engine.messages import Chunk, End, Status, TextDelta, TextEnd, Transcript
-from omniweb.engine.requests import VIDEO_TURN, AnswerRequest, EngineRequest, expect
+from omniweb.engine.requests import VIDEO_TURN, AnswerRequest, EngineRequest, ToolChoice, expect
 from omniweb.engine.voice import TEXT_IN, TEXT_IN_DONE, voice
+from omniweb.llm.chat import Piece
 
+from .llm import LlmThinker
 from .sentences import SentenceStream
 from .thinkers import Frame, SceneThinker, Thinker, ThinkerError, ThinkerRun, Turn, WaitableRun
-from .upstream import UpstreamThinker
 
 PIPELINE = VIDEO_TURN
 MODALITIES = ("text", "audio")
@@ -61,13 +62,14 @@ class ThinkerState:
     error: str | None = None
     text: list[str] = field(default_factory=list)
     sentences: SentenceStream = field(default_factory=SentenceStream)
+    usage: tuple[int, int] | None = None  # the language model's (prompt, completion) tokens
 
 
 @dataclass
 class _Thought:
     """A thinking step's output; it carries the run only from the first step (see ``_think_plan``)."""
 
-    deltas: list[str]
+    deltas: list[Piece]
     done: bool
     run: ThinkerRun | None = None  # the run the first step started
     error: str | None = None
@@ -132,7 +134,7 @@ class ThinkerLoop:
             except ThinkerError as exc:
                 current.close()
                 return StepResult(output=_Thought([], True, started, str(exc)))
-            chunks: list[Chunk] = [TextDelta(d) for d in deltas]
+            chunks: list[Chunk] = [TextDelta(d) if isinstance(d, str) else d for d in deltas]
             if current.done:
                 chunks.append(TextEnd())
             return StepResult(output=_Thought(deltas, current.done, started), chunks=chunks)
@@ -152,9 +154,19 @@ class ThinkerLoop:
         return Turn(
             question=question,
             frames=[Frame(frame_id=f.frame_id, data=f.data, pts_ms=f.pts_ms) for f in request.frames],
-            history=[{"role": h.role, "content": h.content} for h in request.history],
+            history=[
+                {"role": h.role, "content": h.content}
+                for h in request.history
+                if h.role in ("user", "assistant") and h.content
+            ],
             system_prompt=request.system_prompt,
             model=request.model,
+            entries=request.history,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            tool_name=request.tool_name,
+            parallel_tool_calls=request.parallel_tool_calls,
+            max_tokens=request.max_tokens,
         )
 
     def advance(self, state: ThinkerState, result: StepResult) -> None:
@@ -169,7 +181,9 @@ class ThinkerLoop:
         thought: _Thought = result.output
         if thought.run is not None:
             state.run = thought.run
-        self._add(state, thought.deltas)
+        self._add(state, [d for d in thought.deltas if isinstance(d, str)])
+        if state.run is not None:
+            state.usage = state.run.usage or state.usage
         if thought.error is not None:
             state.error = thought.error
             state.done = True
@@ -200,7 +214,7 @@ class ThinkerLoop:
 
     def finalize(self, state: ThinkerState) -> dict[str, Any]:
         self.release(state)
-        return {"text": "".join(state.text), "transcript": state.transcript, "error": state.error}
+        return {"text": "".join(state.text), "transcript": state.transcript, "error": state.error, "usage": state.usage}
 
     def release(self, state: ThinkerState) -> None:
         """Close an upstream stream now, also when the turn is interrupted (the scheduler calls this)."""
@@ -223,30 +237,42 @@ class VideoTurnPipeline:
         answer = expect(request, AnswerRequest)
         if not all(f.data for f in answer.frames):
             raise ValueError("frames must carry image bytes")
-        if not all(h.role in ("user", "assistant") for h in answer.history):
-            raise ValueError("history roles must be user or assistant")
+        if not all(h.role in ("user", "assistant", "tool") for h in answer.history):
+            raise ValueError("history roles must be user, assistant or tool")
+        names = {t.name for t in answer.tools}
+        if answer.tool_choice is ToolChoice.FUNCTION and answer.tool_name not in names:
+            raise ValueError("tool_name must name one of the tools")
+        if (answer.tools or answer.tool_choice in (ToolChoice.REQUIRED, ToolChoice.FUNCTION)) and not isinstance(
+            self.thinker, LlmThinker
+        ):
+            raise ValueError("tool calling needs a language model (OMNIWEB_THINKER=llm)")
         if not set(answer.modalities) <= set(MODALITIES):
             raise ValueError("modalities must be a subset of ['text', 'audio']")
         self.voice.validate(answer)
 
     def finish(self, finals: list[dict[str, Any]]) -> End:
         thought = finals[0]
-        if thought["error"] is not None:  # the upstream thinker failed: what was streamed, and why
+        usage = thought["usage"] or (None, None)
+        if thought["error"] is not None:  # the language model failed: what was streamed, and why
             return End(
                 status=Status.ERROR,
                 kind=ErrorKind.UPSTREAM,
                 message=thought["error"],
                 text=thought["text"],
                 transcript=thought["transcript"],
+                prompt_tokens=usage[0],
+                completion_tokens=usage[1],
             )
-        return End(text=thought["text"], transcript=thought["transcript"])
+        return End(
+            text=thought["text"], transcript=thought["transcript"], prompt_tokens=usage[0], completion_tokens=usage[1]
+        )
 
 
 def make_thinker() -> Thinker:
-    """The thinker ``OMNIWEB_VIDEO_THINKER`` names; a bad configuration is a start-up error."""
-    kind = settings.VIDEO_THINKER.strip().lower()
+    """The thinker ``OMNIWEB_THINKER`` names; a bad configuration is a start-up error."""
+    kind = settings.THINKER.strip().lower()
     if kind == "scene":
         return SceneThinker()
-    if kind == "upstream":
-        return UpstreamThinker.from_settings()
-    raise ImproperlyConfigured(f"OMNIWEB_VIDEO_THINKER must be 'scene' or 'upstream', not {settings.VIDEO_THINKER!r}")
+    if kind == "llm":
+        return LlmThinker.from_settings()
+    raise ImproperlyConfigured(f"OMNIWEB_THINKER must be 'scene' or 'llm', not {settings.THINKER!r}")

@@ -2,9 +2,9 @@
 
 The thinker loop calls ``start`` once per turn and then ``step`` once per engine step until the run
 is ``done``, so the scheduler can interleave turns with other work and drop a turn between any two
-steps. Two implementations, chosen by ``OMNIWEB_VIDEO_THINKER``: ``scene`` (offline: the perception
-models and OpenCV measure the frames, ``answers`` words what they found) and ``upstream`` (an
-OpenAI-compatible chat-completions server with image input, given the same observations as text).
+steps. Two implementations, chosen by ``OMNIWEB_THINKER``: ``scene`` (offline: the perception
+models and OpenCV measure the frames, ``answers`` words what they found) and ``llm`` (``llm.py``: a
+language model, given the same observations as text, that may also call the client's functions).
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from omniweb.engine.requests import FunctionTool, HistoryEntry, ToolChoice
+from omniweb.llm.chat import Piece
 
 from . import answers, perception, scene
 
@@ -32,9 +35,15 @@ class Turn:
 
     question: str  # "" means: say what you see
     frames: list[Frame]
-    history: list[dict[str, Any]] = field(default_factory=list)  # [{"role", "content"}], oldest first
+    history: list[dict[str, Any]] = field(default_factory=list)  # the words only: [{"role", "content"}]
     system_prompt: str | None = None
     model: str | None = None
+    entries: tuple[HistoryEntry, ...] = ()  # the whole history, function calls and outputs included
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = ToolChoice.AUTO
+    tool_name: str | None = None
+    parallel_tool_calls: bool = True
+    max_tokens: int | None = None
 
 
 class ThinkerError(Exception):
@@ -47,8 +56,13 @@ class ThinkerRun(Protocol):
     @property
     def done(self) -> bool: ...
 
-    def step(self) -> list[str]:
-        """The next text deltas ([] is allowed while waiting); raises ``ThinkerError``."""
+    @property
+    def usage(self) -> tuple[int, int] | None:
+        """The model's (prompt, completion) token counts; None where no model answered."""
+        ...
+
+    def step(self) -> list[Piece]:
+        """The next text deltas and whole function calls ([] is allowed while waiting); raises ``ThinkerError``."""
         ...
 
     def close(self) -> None:
@@ -106,7 +120,11 @@ class SceneRun:
     def done(self) -> bool:
         return self._sentences is not None and not self._sentences
 
-    def step(self) -> list[str]:
+    @property
+    def usage(self) -> None:
+        return None
+
+    def step(self) -> list[Piece]:
         if self._sentences is None:
             turn = self._turn
             measured = scene.analyse(
