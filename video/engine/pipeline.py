@@ -89,6 +89,7 @@ class ThinkerLoop:
         question = request.question
         listening = bool(request.audio) and (not question.strip() or request.transcribe)
         state = ThinkerState(request=request, slots=slots, speak=speak, listening=listening)
+        state.sentences = SentenceStream(first_clause=isinstance(self._thinker, LlmThinker))
         if listening:
             state.recognition = self._recognizer.start(request.audio, AsrOptions())
         return state
