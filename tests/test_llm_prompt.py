@@ -231,7 +231,7 @@ def test_a_language_model_answer_is_spoken_from_its_first_clause():
         [],
         ["It is big, and old."],
     ]
-    assert sum((plain.feed(d) for d in deltas), []) + plain.flush() == [
+    assert [s for d in deltas for s in plain.feed(d)] + plain.flush() == [
         "Well, the capital of France, as you know, is Paris.",
         "It is big, and old.",
     ]
