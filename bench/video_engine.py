@@ -7,8 +7,9 @@ Measures, with the real models on an in-process scheduler (``OMNIWEB_ENGINE_WORK
    frames, Whisper tiny.en on a ~2 s spoken question, and the talker's first sentence;
 2. a typed question through the engine: submit → first text delta, → first audio chunk, → end;
 3. a spoken question through the engine: submit → transcript, → first text, → first audio;
-4. the upstream thinker against a local chat-completions server that answers at once (so the figure
-   is omniweb's own overhead: connection, reader thread, event parsing, step hand-over).
+4. the ``llm`` thinker (``OMNIWEB_LLM_URL``) against a local chat-completions server that answers at
+   once (so the figure is omniweb's own overhead: the perception models' facts on the frames,
+   connection, reader thread, event parsing, step hand-over).
 
 Prints markdown tables and PASS/FAIL for the issue's targets (first text ≤ 150 ms and first audio
 ≤ 300 ms after a typed question). Usage, from the repository root with the venv active::
@@ -191,13 +192,13 @@ def main() -> int:
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    with override_settings(VIDEO_THINKER="upstream", VIDEO_UPSTREAM_URL=url):
-        upstream_pipeline = VideoTurnPipeline()
-    usched = Scheduler({PIPELINE: upstream_pipeline}, workers=settings.ENGINE_WORKERS)
+    with override_settings(THINKER="llm", LLM_URL=url, LLM_MODEL_PATH=""):
+        llm_pipeline = VideoTurnPipeline()
+    usched = Scheduler({PIPELINE: llm_pipeline}, workers=settings.ENGINE_WORKERS)
     usched.start()
     try:
         turn_times(usched, {"question": QUESTION, "frames": request_frames})
-        upstream = [turn_times(usched, {"question": QUESTION, "frames": request_frames}) for _ in range(n)]
+        llm = [turn_times(usched, {"question": QUESTION, "frames": request_frames}) for _ in range(n)]
     finally:
         usched.stop()
         server.shutdown()
@@ -213,8 +214,8 @@ def main() -> int:
         stats_row("spoken question: submit → transcript", col(voice, "transcript")),
         stats_row("spoken question: submit → first text", col(voice, "text")),
         stats_row("spoken question: submit → first audio", col(voice, "audio")),
-        stats_row("upstream thinker (local server, instant answer): submit → first text", col(upstream, "text")),
-        stats_row("upstream thinker: submit → first audio", col(upstream, "audio")),
+        stats_row("llm thinker (local server, instant answer): submit → first text", col(llm, "text")),
+        stats_row("llm thinker: submit → first audio", col(llm, "audio")),
     ]
     print(
         f"Pipeline load (hibari + Whisper + perception models): {load_s:.2f} s; "

@@ -27,7 +27,7 @@ from video.engine.sentences import SentenceStream, speakable
 
 @pytest.fixture(scope="module")
 def pipeline() -> VideoTurnPipeline:
-    with override_settings(VIDEO_THINKER="scene"):
+    with override_settings(THINKER="scene"):
         return VideoTurnPipeline()
 
 
@@ -189,7 +189,7 @@ def test_audio_starts_before_the_text_ends(paced_upstream):
     paced_upstream.script = stream(
         ["The first ", "sentence ", "is short. ", "The second ", "one comes ", "later."], 0.3
     )
-    with override_settings(VIDEO_THINKER="upstream", VIDEO_UPSTREAM_URL=paced_upstream.url):
+    with override_settings(THINKER="llm", LLM_URL=paced_upstream.url, LLM_MODEL_PATH=""):
         rec = Recorder(VideoTurnPipeline())
     rec.sched.start()
     try:

@@ -57,6 +57,37 @@ class Handler(BaseHTTPRequestHandler):
         choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
         self.event(json.dumps({"id": "c1", "object": "chat.completion.chunk", "choices": [choice]}))
 
+    def call_delta(
+        self, index: int, *, call_id: str | None = None, name: str | None = None, arguments: str | None = None
+    ) -> None:
+        """A piece of a function call, as OpenAI streams one: its id and name first, then its
+        arguments' JSON text in pieces (each piece names the call by ``index``)."""
+        function = {k: v for k, v in (("name", name), ("arguments", arguments)) if v is not None}
+        call: dict[str, Any] = {"index": index, "function": function}
+        if call_id is not None:
+            call |= {"id": call_id, "type": "function"}
+        choice = {"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}
+        self.event(json.dumps({"id": "c1", "object": "chat.completion.chunk", "choices": [choice]}))
+
+
+def calls(made: list[tuple[str, list[str]]], text: str = "", finish: str = "tool_calls", done: bool = True) -> Script:
+    """An answer that calls functions: ``text`` first (if any), then each ``(name, argument
+    pieces)`` streamed as ``tool_calls`` deltas, then ``finish`` and ``[DONE]``."""
+
+    def script(h: Handler) -> None:
+        h.start_stream()
+        if text:
+            h.delta(text)
+        for index, (name, pieces) in enumerate(made):
+            h.call_delta(index, call_id=f"call_{index}", name=name, arguments="")
+            for piece in pieces:
+                h.call_delta(index, arguments=piece)
+        h.delta("", finish=finish)
+        if done:
+            h.event("[DONE]")
+
+    return script
+
 
 def stream(deltas: list[str], pause: float = 0.0, done: bool = True) -> Script:
     def script(h: Handler) -> None:
