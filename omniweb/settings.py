@@ -227,16 +227,16 @@ LLM_THREADS = env_int("LLM_THREADS", 2)  # embedded: CPU threads of the model
 # How function calls and their outputs reach the model: "native" (tool messages), "text" (as
 # sentences, for chat templates without tool support) or "auto" (asked of the model once).
 LLM_TOOL_MESSAGES = env_str("LLM_TOOL_MESSAGES", "auto")
-for _old, _new in (
-    ("VIDEO_THINKER", "OMNIWEB_THINKER (scene or llm)"),
-    ("VIDEO_UPSTREAM_URL", "OMNIWEB_LLM_URL"),
-    ("VIDEO_UPSTREAM_MODEL", "OMNIWEB_LLM_MODEL"),
-    ("VIDEO_UPSTREAM_API_KEY", "OMNIWEB_LLM_API_KEY"),
-    ("VIDEO_UPSTREAM_TIMEOUT", "OMNIWEB_LLM_TIMEOUT"),
-    ("VIDEO_UPSTREAM_MAX_TOKENS", "OMNIWEB_LLM_MAX_TOKENS"),
+# The settings these replaced: one that asked for the old upstream thinker stops the start, naming
+# the new ones, rather than silently leaving the scene thinker to answer (the others are ignored).
+if os.environ.get("OMNIWEB_VIDEO_THINKER", "scene").strip().lower() not in ("", "scene") or os.environ.get(
+    "OMNIWEB_VIDEO_UPSTREAM_URL"
 ):
-    if f"OMNIWEB_{_old}" in os.environ:
-        raise ImproperlyConfigured(f"OMNIWEB_{_old} was replaced by {_new} (docs/configuration.md)")
+    raise ImproperlyConfigured(
+        "OMNIWEB_VIDEO_THINKER=upstream and OMNIWEB_VIDEO_UPSTREAM_* were replaced by OMNIWEB_THINKER=llm "
+        "and OMNIWEB_LLM_URL, _MODEL, _API_KEY, _TIMEOUT, _MAX_TOKENS (with OMNIWEB_LLM_IMAGES=on for "
+        "image input): docs/configuration.md"
+    )
 # Whisper tiny.en (every transcription: spoken questions, realtime input, the transcription API):
 # CPU threads per model call, beam size (1: greedy, fastest), CTranslate2 compute type (empty: int8
 # on the CPU, float16 on CUDA). (Named OMNIWEB_VIDEO_ASR_* before Whisper served every endpoint.)
