@@ -235,3 +235,17 @@ def test_a_language_model_answer_is_spoken_from_its_first_clause():
         "Well, the capital of France, as you know, is Paris.",
         "It is big, and old.",
     ]
+
+
+def test_each_call_is_followed_by_its_output_and_a_waiting_call_gets_one():
+    other = FunctionCall(call_id="call_2", name="get_weather", arguments='{"city": "Rome"}')
+    history = (
+        HistoryEntry(role="user", content="Weather in Oslo and Rome?"),
+        HistoryEntry(role="assistant", calls=(CALL, other)),
+        HistoryEntry(role="user", content="Hurry up."),  # placed between the calls and the output
+        HistoryEntry(role="tool", call_id="call_1", content='{"temp": -3}'),
+        HistoryEntry(role="tool", call_id="call_9", content="an output whose call is gone"),
+    )
+    roles = [(m["role"], m.get("tool_call_id")) for m in prompt.history_messages(history)]
+    assert roles == [("user", None), ("assistant", None), ("tool", "call_1"), ("tool", "call_2"), ("user", None)]
+    assert prompt.history_messages(history)[3]["content"] == prompt.NO_OUTPUT

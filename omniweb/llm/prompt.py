@@ -45,35 +45,41 @@ def schema_of(tool: FunctionTool) -> dict[str, Any]:
     return schema if isinstance(schema, dict) and schema else {"type": "object", "properties": {}}
 
 
+NO_OUTPUT = "No output was given for this call."
+
+
 def history_messages(history: Sequence[HistoryEntry], native_tools: bool = True) -> list[dict[str, Any]]:
-    """The conversation so far as chat messages: an assistant's calls as ``tool_calls`` and their
-    outputs as ``tool`` messages, or, for a chat template that drops those (``native_tools``
-    False), as sentences in the assistant's and the user's turns, so the model still reads them."""
+    """The conversation so far as chat messages: an assistant's calls as ``tool_calls``, each
+    followed at once by its output (chat APIs refuse a call without a reply, so a call still
+    waiting for one gets ``NO_OUTPUT``; an output whose call is gone is left out), or, for a chat
+    template that drops tool messages (``native_tools`` False), as sentences in the assistant's and
+    the user's turns, so the model still reads them."""
+    outputs = {e.call_id: e.content for e in history if e.role == "tool" and e.call_id}
     out: list[dict[str, Any]] = []
-    names = {c.call_id: c.name for e in history for c in e.calls}
     for entry in history:
-        if entry.role == "tool" and not native_tools:
-            name = names.get(entry.call_id or "", "the function")
-            out.append({"role": "user", "content": f"The function {name} returned: {entry.content}"})
-        elif entry.role == "tool":
-            out.append({"role": "tool", "tool_call_id": entry.call_id or "", "content": entry.content})
-        elif entry.calls and not native_tools:
-            calls = "; ".join(f"{c.name} with the arguments {c.arguments}" for c in entry.calls)
-            out.append({"role": "assistant", "content": f"{entry.content} I called {calls}.".strip()})
-        elif entry.calls:
-            out.append(
-                {
-                    "role": "assistant",
-                    "content": entry.content or None,
-                    "tool_calls": [
-                        {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                        for c in entry.calls
-                    ],
-                }
-            )
+        if entry.calls:
+            out.extend(_call_messages(entry, outputs, native_tools))
         elif entry.role in ("user", "assistant") and entry.content:
             out.append({"role": entry.role, "content": entry.content})
     return out
+
+
+def _call_messages(entry: HistoryEntry, outputs: dict[str, str], native_tools: bool) -> list[dict[str, Any]]:
+    results = [(c, outputs.get(c.call_id, NO_OUTPUT)) for c in entry.calls]
+    if not native_tools:
+        calls = "; ".join(f"{c.name} with the arguments {c.arguments}" for c in entry.calls)
+        said = {"role": "assistant", "content": f"{entry.content} I called {calls}.".strip()}
+        returned = " ".join(f"The function {c.name} returned: {output}" for c, output in results)
+        return [said, {"role": "user", "content": returned}]
+    calls_message = {
+        "role": "assistant",
+        "content": entry.content or None,
+        "tool_calls": [
+            {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in entry.calls
+        ],
+    }
+    return [calls_message, *({"role": "tool", "tool_call_id": c.call_id, "content": o} for c, o in results)]
 
 
 def _tokens(message: dict[str, Any]) -> int:
@@ -116,7 +122,7 @@ def build(
     offered = list(tools) if tool_choice is not ToolChoice.NONE else []
     forced = _forced(offered, tool_choice, tool_name)
     ask = question.strip()
-    if not ask and not (history and history[-1].role == "tool"):
+    if not ask and not (history and (history[-1].role == "tool" or history[-1].calls)):
         ask = DEFAULT_QUESTION  # nothing asked (a hands-free turn): say what is seen
     if forced is not None:
         ask = f"{ask}\n\n{_force_note(offered, forced)}".strip()

@@ -66,6 +66,8 @@ class RealtimeConsumer(SessionConsumer):
         self.engine: EngineClient = await asyncio.to_thread(get_engine_client)
         caps = voice().capabilities()
         self.voices = voice_names(caps.voices, caps.default_voice)
+        # Tools and a token limit need a language model behind the thinker (OMNIWEB_THINKER=llm).
+        self.language_model = getattr(settings, "THINKER", "scene") == "llm"
         # SessionConsumer.config: never None here
         self.config: AnySession = session_from_query(self.scope.get("query_string", b""), self.voices)
         self.tasks: list[asyncio.Task[Any]] = []
@@ -185,9 +187,11 @@ class RealtimeConsumer(SessionConsumer):
         item: events.ClientEvent | RealtimeError
         try:
             if len(raw) > LARGE_MESSAGE:
-                item = await asyncio.to_thread(events.parse_event, raw, voices=self.voices)
+                item = await asyncio.to_thread(
+                    events.parse_event, raw, voices=self.voices, language_model=self.language_model
+                )
             else:
-                item = events.parse_event(raw, voices=self.voices)
+                item = events.parse_event(raw, voices=self.voices, language_model=self.language_model)
         except RealtimeError as err:
             item = err
         if not isinstance(item, RealtimeError) and item.type == "response.cancel":
@@ -217,7 +221,7 @@ class RealtimeConsumer(SessionConsumer):
 
     async def on_session_update(self, event: events.SessionUpdateEvent) -> None:
         with for_event(event.event_id):
-            session = update_session(self.config, event.session, self.voices)
+            session = update_session(self.config, event.session, self.voices, language_model=self.language_model)
         before = self.config.turn_detection
         self.config = session
         if session.turn_detection != before:

@@ -7,6 +7,10 @@ buffer holds them, not the items (its decoding guards and limits, its oldest lea
 response looks at its latest. ``ConversationItems`` writes each event through ``send``; what an item
 asks of the rest of the session it asks through callables (``transcribe``: its audio has no transcript
 yet; ``stop_writing``: a truncate of the answer still being written), so it runs without a socket.
+
+Besides messages a client adds function calls (``function_call``: a call the model made, replayed)
+and functions' outputs (``function_call_output``). An output answers a call already in the
+conversation (as OpenAI checks), one output per call; a call's ``call_id`` is its own.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from omniweb.base import budget as process_budget
+from omniweb.base.protocol import excerpt
 from omniweb.conversation import BufferedFrame, FrameBuffer, now_ms
 from omniweb.media.frames import FrameError
 
@@ -23,6 +28,9 @@ from . import server_events
 from .audio import MAX_INPUT_AUDIO_MS, SAMPLE_RATE, decode_pcm16
 from .errors import RealtimeError, new_id
 from .events import (
+    AnyItemCreateEvent,
+    FunctionCallCreateEvent,
+    FunctionCallOutputCreateEvent,
     InputAudio,
     InputImage,
     ItemCreateEvent,
@@ -82,8 +90,50 @@ class ConversationItems:
         for old in dropped:
             process_budget.release(len(old.audio))
 
-    async def on_create(self, event: ItemCreateEvent) -> None:
-        """The client's item, its parts decoded (audio, images into the frame buffer), then placed;
+    async def on_create(self, event: AnyItemCreateEvent) -> None:
+        """The client's item placed, announced (added, done)."""
+        if isinstance(event, ItemCreateEvent):
+            await self._create_message(event)
+            return
+        with for_event(event.event_id):
+            self.conversation.check_placement(event.item.id, event.previous_item_id)
+            item = self._function_item(event)
+        self.add(item, event.previous_item_id, event.event_id)
+        previous = self.conversation.previous_of(item)
+        await self.send(server_events.item_added(item, previous))
+        await self.send(server_events.item_done(item, previous))
+
+    def _function_item(self, event: FunctionCallCreateEvent | FunctionCallOutputCreateEvent) -> Item:
+        """A function call (its own ``call_id``, one made when it has none) or a function's output (of a
+        call in the conversation that has none yet)."""
+        spec = event.item
+        item_id = spec.id or new_id("item")
+        if isinstance(event, FunctionCallCreateEvent):
+            call = event.item
+            call_id = call.call_id or new_id("call")
+            if self.conversation.function_call(call_id) is not None:
+                raise RealtimeError(
+                    f"A function_call item with call_id '{excerpt(call_id)}' is already in the conversation",
+                    param="item.call_id",
+                )
+            return Item.function_call(item_id, call_id, call.name, call.arguments)
+        output = event.item
+        if self.conversation.function_call(output.call_id) is None:
+            raise RealtimeError(
+                f"No function_call item with call_id '{excerpt(output.call_id)}' in the conversation: "
+                "a function_call_output answers a call the conversation holds",
+                param="item.call_id",
+            )
+        if (answered := self.conversation.function_output(output.call_id)) is not None:
+            raise RealtimeError(
+                f"The function call '{excerpt(output.call_id)}' already has its output (item '{answered.id}'); "
+                "delete that item first to replace it",
+                param="item.call_id",
+            )
+        return Item.function_output(item_id, output.call_id, output.output)
+
+    async def _create_message(self, event: ItemCreateEvent) -> None:
+        """The client's message, its parts decoded (audio, images into the frame buffer), then placed;
         audio without a transcript is transcribed."""
         spec = event.item
         with for_event(event.event_id):

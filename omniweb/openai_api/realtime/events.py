@@ -10,8 +10,9 @@ choice where OpenAI leaves room, also in the README's realtime section).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
@@ -20,19 +21,25 @@ from omniweb.base.protocol import ProtocolError, excerpt, loads
 from .errors import RealtimeError, _from_validation
 from .session import (
     MAX_INSTRUCTIONS_CHARS,
+    MAX_TOOLS,
     AudioFormat,
     Modality,
+    Tool,
+    ToolChoiceValue,
     _check_modalities,
     _check_voice,
     _ResponseOptions,
     _Strict,
     _unsupported,
+    check_tool_name,
 )
 
 MAX_EVENT_CHARS = 12 * 1024 * 1024  # below daphne's frame limit, so an oversize event is an error, not a close
 MAX_ITEM_TEXT_CHARS = 20_000
 MAX_CLIENT_ID_CHARS = 32  # client-chosen item ids, as OpenAI
 MAX_METADATA_ENTRIES = 16
+MAX_CALL_ID_CHARS = 128  # a function call's id (other providers' ids, relayed by a client, are longer than OpenAI's)
+MAX_FUNCTION_OUTPUT_CHARS = 100_000  # a function_call_output's output
 # GA client event types this server does not implement (told apart from unknown types).
 UNSUPPORTED_EVENTS = frozenset({"output_audio_buffer.clear", "transcription_session.update"})
 IMAGE_DATA_URL_PREFIXES = ("data:image/jpeg;base64,", "data:image/png;base64,", "data:image/jpg;base64,")
@@ -115,7 +122,10 @@ class MessageItem(_Strict):
     @classmethod
     def _messages_only(cls, value: str) -> str:
         if value != "message":
-            raise ValueError(f"'{excerpt(value)}' items are not supported; only 'message' items")
+            raise ValueError(
+                f"'{excerpt(value)}' items are not supported; only 'message', 'function_call' and "
+                "'function_call_output' items"
+            )
         return value
 
     @model_validator(mode="after")
@@ -127,10 +137,72 @@ class MessageItem(_Strict):
         return self
 
 
+class FunctionCallItem(_Strict):
+    """A function call (``RealtimeConversationItemFunctionCall``): one the model made, as a client
+    replays it. ``arguments``: JSON object text (or empty: no arguments)."""
+
+    id: str | None = Field(default=None, min_length=1, max_length=MAX_CLIENT_ID_CHARS)
+    type: Literal["function_call"]
+    object: Literal["realtime.item"] | None = None
+    status: Literal["completed", "incomplete", "in_progress"] | None = None
+    call_id: str | None = Field(default=None, min_length=1, max_length=MAX_CALL_ID_CHARS)
+    name: str
+    arguments: str = Field(max_length=MAX_ITEM_TEXT_CHARS)
+
+    _name = field_validator("name")(check_tool_name)
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, value: str) -> str:
+        if not value.strip():
+            return value
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise ValueError('expected the arguments as JSON object text, such as \'{"city": "Paris"}\'')
+        return value
+
+
+class FunctionCallOutputItem(_Strict):
+    """A function's output (``RealtimeConversationItemFunctionCallOutput``), answering the
+    ``function_call`` item of the same ``call_id``."""
+
+    id: str | None = Field(default=None, min_length=1, max_length=MAX_CLIENT_ID_CHARS)
+    type: Literal["function_call_output"]
+    object: Literal["realtime.item"] | None = None
+    status: Literal["completed", "incomplete", "in_progress"] | None = None
+    call_id: str = Field(min_length=1, max_length=MAX_CALL_ID_CHARS)
+    output: str = Field(max_length=MAX_FUNCTION_OUTPUT_CHARS)
+
+
 class ItemCreateEvent(_Event):
+    """``conversation.item.create`` with a ``message`` item (``parse_event`` picks the event model
+    by the item's type, so a refusal names the item's own fields)."""
+
     type: Literal["conversation.item.create"]
     previous_item_id: str | None = None
     item: MessageItem
+
+
+class FunctionCallCreateEvent(_Event):
+    type: Literal["conversation.item.create"]
+    previous_item_id: str | None = None
+    item: FunctionCallItem
+
+
+class FunctionCallOutputCreateEvent(_Event):
+    type: Literal["conversation.item.create"]
+    previous_item_id: str | None = None
+    item: FunctionCallOutputItem
+
+
+AnyItemCreateEvent = ItemCreateEvent | FunctionCallCreateEvent | FunctionCallOutputCreateEvent
+ITEM_CREATE_EVENTS: dict[str, type[BaseModel]] = {
+    "function_call": FunctionCallCreateEvent,
+    "function_call_output": FunctionCallOutputCreateEvent,
+}
 
 
 class ItemDeleteEvent(_Event):
@@ -162,8 +234,15 @@ class ResponseAudio(_Strict):
 
 
 class ResponseParams(_ResponseOptions):
-    """``response.create``'s ``response``: overrides for this response only."""
+    """``response.create``'s ``response``: overrides for this response only (``tools`` replace the
+    session's, ``tool_choice`` overrides it; unset, the session's apply)."""
 
+    _inherits: ClassVar[bool] = True
+
+    max_output_tokens: int | Literal["inf"] | None = None
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoiceValue | None = None
+    parallel_tool_calls: bool | None = None
     output_modalities: list[Modality] | None = None
     instructions: str | None = Field(default=None, max_length=MAX_INSTRUCTIONS_CHARS)
     audio: ResponseAudio | None = None
@@ -207,6 +286,8 @@ ClientEvent = (
     | AudioCommitEvent
     | AudioClearEvent
     | ItemCreateEvent
+    | FunctionCallCreateEvent
+    | FunctionCallOutputCreateEvent
     | ItemDeleteEvent
     | ItemRetrieveEvent
     | ItemTruncateEvent
@@ -227,9 +308,12 @@ EVENT_TYPES: dict[str, type[BaseModel]] = {
 }
 
 
-def parse_event(raw: str | bytes, *, voices: Mapping[str, str], max_chars: int = MAX_EVENT_CHARS) -> ClientEvent:
+def parse_event(
+    raw: str | bytes, *, voices: Mapping[str, str], language_model: bool = False, max_chars: int = MAX_EVENT_CHARS
+) -> ClientEvent:
     """One client message → a typed event, or ``RealtimeError`` (with the event's ``event_id`` when
-    it had one) for oversize, malformed JSON, an unknown type or an invalid field."""
+    it had one) for oversize, malformed JSON, an unknown type or an invalid field. ``language_model``:
+    the server's thinker is one (``response.create`` may then name tools and a token limit)."""
     if isinstance(raw, bytes):
         raise RealtimeError("Binary messages are not accepted; send JSON text events", code="invalid_event")
     if len(raw) > max_chars:
@@ -255,8 +339,20 @@ def parse_event(raw: str | bytes, *, voices: Mapping[str, str], max_chars: int =
             )
         what = "is not supported by this server" if kind in UNSUPPORTED_EVENTS else "is not a known event type"
         raise RealtimeError(f"'{excerpt(kind)}' {what}", param="type", code="invalid_event_type", event_id=event_id)
+    item = msg.get("item")
+    item_type = item.get("type") if isinstance(item, dict) else None
+    if kind == "conversation.item.create" and isinstance(item_type, str) and item_type in ITEM_CREATE_EVENTS:
+        if "role" in item or "content" in item:  # a message's fields: the wrong type, more likely than extras
+            raise RealtimeError(
+                f"Invalid value for 'item.type': '{item_type}' items have no role or content; "
+                "a message is of type 'message'",
+                param="item.type",
+                event_id=event_id,
+            )
+        model = ITEM_CREATE_EVENTS[item_type]
     try:
-        return model.model_validate(msg, context={"voices": voices})  # type: ignore[return-value]
+        context = {"voices": voices, "language_model": language_model}
+        return model.model_validate(msg, context=context)  # type: ignore[return-value]
     except ValidationError as exc:
         err = _from_validation(exc)
         err.event_id = event_id

@@ -5,8 +5,11 @@ thinker → talker → vocoder on the engine), whose typed events ``responses.Re
 ``response.*`` events. Its question is the last user item that says something: its text, or its
 audio (the engine's Whisper transcribes it first, which is also the item's transcript:
 ``transcribed``); the items before it are the history, the frame buffer's latest images what it
-looks at. Whatever stops a response (the client's cancel, speech in the input audio, a truncate of
-the item being written, its turn's end), its closing events are written once. ``Responses`` writes
+looks at. After a function's output (the last item) there is no new question: the whole
+conversation is the history and the thinker answers with the output. The tools in effect, the tool
+choice and the token limit go to the thinker with the turn. Whatever stops a response (the client's
+cancel, speech in the input audio, a truncate of the item being written, its turn's end), its
+closing events are written once. ``Responses`` writes
 through ``send`` (and ``refuse``: an ``error`` event), so it runs without a socket.
 """
 
@@ -34,12 +37,12 @@ from omniweb.conversation import (
 
 from . import server_events
 from .audio import to_engine_rate
-from .conversation_items import ConversationItems, Send
+from .conversation_items import ConversationItems, Send, for_event
 from .errors import RealtimeError
 from .events import ResponseCancelEvent, ResponseCreateEvent, ResponseParams
-from .items import Item
+from .items import Item, last_turns
 from .responses import ResponseStream, Status
-from .session import AnySession, Session, TranscriptionSession
+from .session import AnySession, Session, TranscriptionSession, engine_tool_choice
 
 NUM_FRAMES = 4  # the latest images a response looks at
 
@@ -116,36 +119,57 @@ class Responses:
             )
         session = self.session()
         assert isinstance(session, Session)  # a transcription session refused response.create
-        stream = ResponseStream.create(params, session, self.items.conversation)
+        with for_event(event_id):
+            stream = ResponseStream.create(params, session, self.items.conversation)
+        stream.place = lambda item: self.items.add(item, None, None)
+        answers_a_call = self.items.conversation.answers_a_call()
         spec = self._turn(stream, params, session)
         running = Running(stream)
         self.running = running
-        if stream.in_conversation:
+        if stream.in_conversation and stream.item is not None:
             self.items.add(stream.item, None, event_id)
         for payload in stream.start():
             await self.send(payload)
-        if not spec.question.text and not spec.question.audio:
+        if not spec.question.text and not spec.question.audio and not answers_a_call:
             details = server_events.failed("There is no question to answer: add a user item first", "no_input")
             await self._finish(running, "failed", details)
             return
         running.turn = self.core.start_turn(spec, self._emit, stopped=self.stopped)
 
     def _turn(self, stream: ResponseStream, params: ResponseParams, session: Session) -> TurnSpec:
-        """The core turn of a response: its question, the history before it, the latest images."""
+        """The core turn of a response: its question, the history before it (the last
+        ``VIDEO_HISTORY_TURNS`` exchanges), the latest images, the tools in effect. After a
+        function's output there is no question: everything is history."""
         conversation, question = self.items.conversation, stream.question
         own = params.instructions or session.instructions
         instructions = "\n".join(t for t in (own, conversation.system_text()) if t)
-        turns = 2 * max(0, settings.VIDEO_HISTORY_TURNS)
-        history = conversation.history(before=question)[-turns:] if question else conversation.history()
+        # A language model gets the whole conversation (its prompt leaves out the oldest turns past
+        # its context); the scene thinker only reads the last few exchanges.
+        turns = 0 if settings.THINKER == "llm" else 2 * max(0, settings.VIDEO_HISTORY_TURNS)
+        if conversation.answers_a_call():
+            question = None
+            history = last_turns(conversation.history(), turns)
+        elif question is not None:
+            history = last_turns(conversation.history(before=question), turns)
+        else:
+            history = conversation.history()
         frames = self.core.frames
         assert frames is not None
         text = question.text() if question is not None else ""
+        tools = stream.tools
+        choice, tool_name = engine_tool_choice(tools.choice)
+        limit = stream.response.max_output_tokens
         return TurnSpec(
             question=Question(text=text, audio=to_engine_rate(question.audio) if question and not text else b""),
             frames=frames.snapshot(),
             selection=FrameSelection(NUM_FRAMES, "latest_frames"),
             history=history,
             instructions=instructions or None,
+            tools=tuple(t.engine() for t in tools.tools),
+            tool_choice=choice,
+            tool_name=tool_name,
+            parallel_tool_calls=tools.parallel if tools.parallel is not None else True,
+            max_tokens=limit if isinstance(limit, int) else None,
             modalities=("text", "audio") if stream.response.audio else ("text",),
             voice=self.voices[stream.response.voice],
             require_frames=False,
@@ -185,7 +209,7 @@ class Responses:
     async def stop_writing(self, item_id: str) -> None:
         """The client stopped playing the answer being written as ``item_id``: cancel it."""
         running = self.running
-        if running is not None and running.stream.item.id == item_id:
+        if running is not None and running.stream.item is not None and running.stream.item.id == item_id:
             await self.cancel(server_events.cancelled("client_cancelled"))
 
     async def cancel(self, details: dict[str, Any]) -> None:

@@ -149,6 +149,7 @@ class Response:
     modalities: tuple[str, ...]
     voice: str
     metadata: dict[str, str] | None = None
+    max_output_tokens: int | Literal["inf"] = "inf"
     status: str = "in_progress"
     status_details: dict[str, Any] | None = None
     output: list[Item] = field(default_factory=list)
@@ -167,7 +168,7 @@ class Response:
             "output": [item.wire() for item in self.output],
             "conversation_id": self.conversation_id,
             "output_modalities": list(self.modalities),
-            "max_output_tokens": "inf",
+            "max_output_tokens": self.max_output_tokens,
             "audio": {"output": {"format": {"type": "audio/pcm", "rate": SAMPLE_RATE}, "voice": self.voice}},
             "usage": self.usage,
             "metadata": self.metadata,
@@ -227,29 +228,55 @@ def content_part_done(
     )
 
 
-def _delta(kind: str, response: Response, item: Item, **fields: Any) -> dict[str, Any]:
-    return event(kind, response_id=response.id, item_id=item.id, output_index=0, content_index=0, **fields)
+def _delta(kind: str, response: Response, item: Item, output_index: int, **fields: Any) -> dict[str, Any]:
+    return event(kind, response_id=response.id, item_id=item.id, output_index=output_index, content_index=0, **fields)
 
 
-def text_delta(response: Response, item: Item, delta: str) -> dict[str, Any]:
-    return _delta("response.output_text.delta", response, item, delta=delta)
+def text_delta(response: Response, item: Item, delta: str, output_index: int = 0) -> dict[str, Any]:
+    return _delta("response.output_text.delta", response, item, output_index, delta=delta)
 
 
-def text_done(response: Response, item: Item, text: str) -> dict[str, Any]:
-    return _delta("response.output_text.done", response, item, text=text)
+def text_done(response: Response, item: Item, text: str, output_index: int = 0) -> dict[str, Any]:
+    return _delta("response.output_text.done", response, item, output_index, text=text)
 
 
-def audio_delta(response: Response, item: Item, pcm: bytes) -> dict[str, Any]:
-    return _delta("response.output_audio.delta", response, item, delta=base64.b64encode(pcm).decode("ascii"))
+def audio_delta(response: Response, item: Item, pcm: bytes, output_index: int = 0) -> dict[str, Any]:
+    delta = base64.b64encode(pcm).decode("ascii")
+    return _delta("response.output_audio.delta", response, item, output_index, delta=delta)
 
 
-def audio_done(response: Response, item: Item) -> dict[str, Any]:
-    return _delta("response.output_audio.done", response, item)
+def audio_done(response: Response, item: Item, output_index: int = 0) -> dict[str, Any]:
+    return _delta("response.output_audio.done", response, item, output_index)
 
 
-def transcript_delta(response: Response, item: Item, delta: str) -> dict[str, Any]:
-    return _delta("response.output_audio_transcript.delta", response, item, delta=delta)
+def transcript_delta(response: Response, item: Item, delta: str, output_index: int = 0) -> dict[str, Any]:
+    return _delta("response.output_audio_transcript.delta", response, item, output_index, delta=delta)
 
 
-def transcript_done(response: Response, item: Item, transcript: str) -> dict[str, Any]:
-    return _delta("response.output_audio_transcript.done", response, item, transcript=transcript)
+def transcript_done(response: Response, item: Item, transcript: str, output_index: int = 0) -> dict[str, Any]:
+    return _delta("response.output_audio_transcript.done", response, item, output_index, transcript=transcript)
+
+
+def arguments_delta(response: Response, item: Item, delta: str, output_index: int) -> dict[str, Any]:
+    """A function call's arguments, streamed (``ResponseFunctionCallArgumentsDeltaEvent``)."""
+    return event(
+        "response.function_call_arguments.delta",
+        response_id=response.id,
+        item_id=item.id,
+        output_index=output_index,
+        call_id=item.call_id,
+        delta=delta,
+    )
+
+
+def arguments_done(response: Response, item: Item, output_index: int) -> dict[str, Any]:
+    """A function call complete (``ResponseFunctionCallArgumentsDoneEvent``)."""
+    return event(
+        "response.function_call_arguments.done",
+        response_id=response.id,
+        item_id=item.id,
+        output_index=output_index,
+        call_id=item.call_id,
+        name=item.name,
+        arguments=item.arguments,
+    )

@@ -7,21 +7,28 @@ what this server does not support is refused naming the field, and the session i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, ClassVar, Literal
 
+import jsonschema
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
+    SerializerFunctionWrapHandler,
     Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_serializer,
 )
 
 from omniweb.base.protocol import excerpt
+from omniweb.engine.requests import FunctionTool, ToolChoice
 from omniweb.openai_api.protocol import (
     TRANSCRIBE_LANGUAGES,
     TRANSCRIBE_MODEL,
@@ -36,6 +43,18 @@ MAX_INSTRUCTIONS_CHARS = 20_000
 DEFAULT_MODEL = "gpt-realtime"
 DEFAULT_VOICE = "alloy"
 SUPPORTED_TRANSCRIBE_MODELS = (*TRANSCRIBE_MODEL_ALIASES, TRANSCRIBE_MODEL)
+# Function tools (OpenAI's limits where it states them: a name, at most 4096 output tokens).
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+MAX_TOOLS = 128
+MAX_TOOL_DESCRIPTION_CHARS = 8_000
+MAX_TOOL_PARAMETERS_CHARS = 64_000  # the JSON schema's text
+MAX_OUTPUT_TOKENS = 4096
+# Tools and a token limit need the ``llm`` thinker; whether the server runs one comes in the
+# validation context (``language_model``), from the adapter (this module reads no settings).
+NEEDS_MODEL = (
+    "needs a language model: start the server with OMNIWEB_THINKER=llm "
+    "(the default scene thinker answers from image measures and has none)"
+)
 
 
 class _Strict(BaseModel):
@@ -228,26 +247,159 @@ class _SessionBase(_Strict):
         return td is not None and td.create_response
 
 
+def _language_model(info: ValidationInfo) -> bool:
+    """Whether the server's thinker is a language model (the adapter says so in the context)."""
+    return bool((info.context or {}).get("language_model"))
+
+
+def check_tool_name(value: str) -> str:
+    if not TOOL_NAME.fullmatch(value):
+        raise ValueError(f"'{excerpt(value)}' is not a valid function name: 1 to 64 letters, digits, '_' or '-'")
+    return value
+
+
+def _tool_type(value: Any) -> Any:
+    """A tool's type, before its fields: only function tools."""
+    if isinstance(value, Mapping):
+        kind = value.get("type", "function")
+        if kind == "mcp":
+            raise ValueError("MCP tools are not supported by this server")
+        if kind != "function":
+            raise ValueError(f"'{excerpt(str(kind))}' tools are not supported; only function tools")
+    return value
+
+
+class ToolSpec(_Strict):
+    """A function tool (``RealtimeFunctionTool``), echoed as the client declared it."""
+
+    type: Literal["function"] = "function"
+    name: str
+    description: str | None = Field(default=None, max_length=MAX_TOOL_DESCRIPTION_CHARS)
+    parameters: dict[str, Any] | None = None
+
+    _name = field_validator("name")(check_tool_name)
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        if len(json.dumps(value)) > MAX_TOOL_PARAMETERS_CHARS:
+            raise ValueError(f"the JSON schema is over {MAX_TOOL_PARAMETERS_CHARS} characters")
+        if value.get("type", "object") != "object":
+            raise ValueError("expected a JSON schema of type 'object' (a function's arguments are an object)")
+        try:
+            jsonschema.validators.validator_for(value).check_schema(value)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"not a valid JSON schema: {exc.message[:200]}") from None
+        return value
+
+    @model_serializer(mode="wrap")
+    def _declared(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    def engine(self) -> FunctionTool:
+        """The tool as the thinker gets it (its schema as JSON text)."""
+        if self.parameters is None:
+            return FunctionTool(name=self.name, description=self.description or "")
+        return FunctionTool(name=self.name, description=self.description or "", parameters=json.dumps(self.parameters))
+
+
+Tool = Annotated[ToolSpec, BeforeValidator(_tool_type)]
+ToolChoiceValue = str | dict[str, str]  # "auto" | "none" | "required" | {"type": "function", "name": ...}
+CHOICE_MODES = ("auto", "none", "required")
+
+
+def check_tool_choice(choice: ToolChoiceValue, tools: Sequence[ToolSpec]) -> None:
+    """A tool choice against the tools in effect: a named function must be one of them; ``required``
+    needs one. Raises ``ValueError``."""
+    names = [t.name for t in tools]
+    if isinstance(choice, dict) and choice["name"] not in names:
+        among = f"the tools ({', '.join(names)})" if names else "the tools (there are none)"
+        raise ValueError(f"function '{excerpt(choice['name'])}' is not among {among}")
+    if choice == "required" and not names:
+        raise ValueError("'required' needs at least one tool")
+
+
+def engine_tool_choice(choice: ToolChoiceValue) -> tuple[ToolChoice, str | None]:
+    """The thinker's ``ToolChoice`` and, for a named function, its name."""
+    if isinstance(choice, dict):
+        return ToolChoice.FUNCTION, choice["name"]
+    return ToolChoice(choice), None
+
+
 class _ResponseOptions(_Strict):
-    """What a session and a response.create share and this server refuses beyond the defaults."""
+    """What a session and a response.create share: tools, tool choice, the token limit.
+
+    With the ``scene`` thinker (no language model) only the defaults are accepted: tools need a
+    language model, and so do a token limit and a forced tool choice. ``response.create`` leaves
+    them unset (None: the session's apply); a session has OpenAI's defaults.
+    """
+
+    _inherits: ClassVar[bool] = False  # None means "the session's" (response.create)
 
     max_output_tokens: int | Literal["inf"] | None = "inf"
-    tools: list[Any] = Field(default_factory=list)
-    tool_choice: Literal["auto", "none"] = "auto"
+    tools: list[Tool] | None = Field(default_factory=list, max_length=MAX_TOOLS)
+    tool_choice: ToolChoiceValue | None = "auto"
+    parallel_tool_calls: bool | None = None
 
-    @field_validator("max_output_tokens")
+    @field_validator("max_output_tokens", mode="before")
     @classmethod
-    def _unbounded(cls, value: int | str | None) -> str:
-        if value not in ("inf", None):
-            raise _unsupported("a token limit")
-        return "inf"
+    def _token_limit(cls, value: Any, info: ValidationInfo) -> int | str | None:
+        if value is None:
+            return None if cls._inherits else "inf"
+        if value == "inf":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_OUTPUT_TOKENS:
+            raise ValueError(f"expected an integer from 1 to {MAX_OUTPUT_TOKENS} or 'inf'")
+        if not _language_model(info):
+            raise ValueError(f"a token limit {NEEDS_MODEL}")
+        return value
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _tools_list(cls, value: Any) -> Any:
+        if value is None and not cls._inherits:
+            return []
+        return value
 
     @field_validator("tools")
     @classmethod
-    def _no_tools(cls, value: list[Any]) -> list[Any]:
-        if value:
-            raise _unsupported("tool calling")
+    def _function_tools(cls, value: list[ToolSpec] | None, info: ValidationInfo) -> list[ToolSpec] | None:
+        if not value:
+            return value
+        names = [t.name for t in value]
+        if twice := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"function names must be unique; declared more than once: {', '.join(twice)}")
+        if not _language_model(info):
+            raise ValueError(f"tool calling {NEEDS_MODEL}")
         return value
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice(cls, value: Any, info: ValidationInfo) -> ToolChoiceValue | None:
+        if value is None:
+            return None if cls._inherits else "auto"
+        choice: ToolChoiceValue
+        if isinstance(value, str) and value in CHOICE_MODES:
+            choice = value
+        elif isinstance(value, Mapping) and value.get("type") == "mcp":
+            raise ValueError("MCP tools are not supported by this server")
+        elif (
+            isinstance(value, Mapping)
+            and value.get("type") == "function"
+            and isinstance(value.get("name"), str)
+            and set(value) <= {"type", "name"}
+        ):
+            choice = {"type": "function", "name": value["name"]}
+        else:
+            raise ValueError("expected 'auto', 'none', 'required' or {'type': 'function', 'name': ...}")
+        if choice not in ("auto", "none") and not _language_model(info):
+            raise ValueError(f"tool calling {NEEDS_MODEL}")
+        tools = info.data.get("tools")
+        if tools is not None:  # unset (response.create): checked with the session's at the response
+            check_tool_choice(choice, tools)
+        return choice
 
 
 class Session(_ResponseOptions, _SessionBase):
@@ -285,6 +437,14 @@ class Session(_ResponseOptions, _SessionBase):
         if value is not None:
             raise _unsupported(str(info.field_name))
         return None
+
+    def wire(self) -> dict[str, Any]:
+        """``parallel_tool_calls`` only where the client set it (OpenAI's session object carries it
+        for its reasoning models)."""
+        data = super().wire()
+        if data.get("parallel_tool_calls") is None:
+            del data["parallel_tool_calls"]
+        return data
 
 
 class TranscriptionAudio(_Strict):
@@ -342,10 +502,13 @@ def new_session(
     )
 
 
-def update_session(current: AnySession, update: Any, voices: Mapping[str, str]) -> AnySession:
+def update_session(
+    current: AnySession, update: Any, voices: Mapping[str, str], *, language_model: bool = False
+) -> AnySession:
     """``session.update``: the update merged into the effective session, then validated whole.
 
-    A session keeps its type (``realtime`` or ``transcription``, set when it connected). Raises
+    A session keeps its type (``realtime`` or ``transcription``, set when it connected).
+    ``language_model``: the server's thinker is one (tools and a token limit are accepted). Raises
     ``RealtimeError`` naming the field; the session is then unchanged.
     """
     if not isinstance(update, Mapping):
@@ -366,6 +529,6 @@ def update_session(current: AnySession, update: Any, voices: Mapping[str, str]) 
     data = current.wire()
     _merge(data, {k: v for k, v in update.items() if k not in _SERVER_FIELDS})
     try:
-        return SESSION_TYPES[kind].model_validate(data, context={"voices": voices})
+        return SESSION_TYPES[kind].model_validate(data, context={"voices": voices, "language_model": language_model})
     except ValidationError as exc:
         raise _from_validation(exc, "session") from None
