@@ -76,3 +76,20 @@ def llama_server() -> Iterator[str]:
             yield base + "/v1"
         finally:
             stop([proc])
+
+
+@contextlib.contextmanager
+def llm_daphne(source: str, **env: str) -> Iterator[str]:
+    """The app under daphne with the ``llm`` thinker on SmolLM2, ``source`` "embedded" (in the
+    engine process) or "http" (llama.cpp's server on loopback behind ``OMNIWEB_LLM_URL``); yields
+    the app's base URL."""
+    from .servers import live_daphne
+
+    if source == "embedded":
+        with live_daphne(**EMBEDDED_ENV, **env) as url:
+            yield url
+        return
+    assert source == "http", source
+    served = {**EMBEDDED_ENV, "OMNIWEB_LLM_MODEL_PATH": ""}
+    with llama_server() as llm_url, live_daphne(**served, OMNIWEB_LLM_URL=llm_url, **env) as url:
+        yield url
