@@ -48,7 +48,7 @@ from .errors import RealtimeError, error_event, new_id
 from .input_audio import InputAudio, Transcriber
 from .opening import new_core, new_listener, session_from_query, voice_names
 from .responding import Responses
-from .session import AnySession, update_session
+from .session import AnySession, Session, update_session
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class RealtimeConsumer(SessionConsumer):
         caps = voice().capabilities()
         self.voices = voice_names(caps.voices, caps.default_voice)
         # Tools and a token limit need a language model behind the thinker (OMNIWEB_THINKER=llm).
-        self.language_model = getattr(settings, "THINKER", "scene") == "llm"
+        self.language_model = settings.THINKER.strip().lower() == "llm"
         # SessionConsumer.config: never None here
         self.config: AnySession = session_from_query(self.scope.get("query_string", b""), self.voices)
         self.tasks: list[asyncio.Task[Any]] = []
@@ -223,6 +223,9 @@ class RealtimeConsumer(SessionConsumer):
         with for_event(event.event_id):
             session = update_session(self.config, event.session, self.voices, language_model=self.language_model)
         before = self.config.turn_detection
+        if not self.language_model and isinstance(session, Session) and session.instructions:
+            if not getattr(self.config, "instructions", ""):  # said once a session, when they arrive
+                logger.info("realtime session %s: instructions accepted, not applied by the scene thinker", session.id)
         self.config = session
         if session.turn_detection != before:
             self.input.configure_vad()
