@@ -223,9 +223,9 @@ class RealtimeConsumer(SessionConsumer):
         with for_event(event.event_id):
             session = update_session(self.config, event.session, self.voices, language_model=self.language_model)
         before = self.config.turn_detection
-        if not self.language_model and isinstance(session, Session) and session.instructions:
-            if not getattr(self.config, "instructions", ""):  # said once a session, when they arrive
-                logger.info("realtime session %s: instructions accepted, not applied by the scene thinker", session.id)
+        first = isinstance(session, Session) and session.instructions and not getattr(self.config, "instructions", "")
+        if first and not self.language_model:  # said once a session, when they first arrive
+            logger.info("realtime session %s: instructions accepted, not applied by the scene thinker", session.id)
         self.config = session
         if session.turn_detection != before:
             self.input.configure_vad()
