@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from hibari import Hibari
+from support.engine import HOLD, HoldPipeline
 from support.voice import spoken
 
 from omniweb.asr.pipeline import PIPELINE, Recognizer, TranscribePipeline, shared_recognizer
@@ -137,23 +138,30 @@ class Ends:
 
 @pytest.fixture
 def engine():
-    """A scheduler with the real audio.transcribe pipeline; every step's (kind, batch size)."""
+    """A scheduler with the real audio.transcribe pipeline; every step's (kind, batch size); the
+    pipeline that holds its workers."""
     steps: list[tuple[str, int]] = []
+    hold = HoldPipeline()
     sched = Scheduler(
-        {PIPELINE: TranscribePipeline()}, workers=2, batch_wait=0.3, on_batch=lambda kind, n: steps.append((kind, n))
+        {PIPELINE: TranscribePipeline(), HOLD: hold},
+        workers=2,
+        batch_wait=0.3,
+        on_batch=lambda kind, n: steps.append((kind, n)),
     )
     sched.start()
-    yield sched, steps
+    yield sched, steps, hold
     sched.stop()
 
 
 def test_two_sessions_questions_are_decoded_in_one_engine_step(engine, voice):
-    sched, steps = engine
+    sched, steps, hold = engine
     pcm = spoken("Is it dark in the room?", voice)
     ends = Ends()
+    hold.hold(sched, workers=2)  # both requests are waiting when the workers come free: they batch
     for rid in ("a", "b"):
         sched.submit(rid, TranscribeRequest(audio=pcm, timestamps=False), ends.sink(rid))
-    assert all(ends.ended[r].wait(30) for r in ("a", "b"))
+    hold.release()
+    assert all(ends.ended[r].wait(60) for r in ("a", "b"))
     assert ("asr", 2) in steps  # both decodes in one generate call
     for rid in ("a", "b"):
         *segments, end = ends.chunks[rid]
@@ -162,7 +170,7 @@ def test_two_sessions_questions_are_decoded_in_one_engine_step(engine, voice):
 
 
 def test_a_cancelled_transcription_stops_between_its_steps(engine, long_recording):
-    sched, steps = engine
+    sched, steps, _ = engine
     ends = Ends()
     sched.submit("long", TranscribeRequest(audio=long_recording), ends.sink("long"))
     first = threading.Event()

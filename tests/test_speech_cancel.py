@@ -111,7 +111,7 @@ async def test_cancel_mid_generation_stops_the_stream(connect, config):
     assert not t.of_type("input.cancelled"), "a cancel during generation is answered by audio.done, not input.cancelled"
     # Nothing more comes, and the engine has dropped the request.
     await expect_silence(comm, 0.2)
-    wait_engine_idle(1.0)
+    wait_engine_idle()
 
 
 async def test_cancelled_stream_counts_only_the_bytes_sent(connect):
@@ -234,7 +234,7 @@ async def test_disconnect_mid_generation_frees_the_engine(connect, config):
     await start_long_utterance(comm)
     await receive_until(comm, lambda m: is_binary(m))
     await comm.disconnect(timeout=5)
-    wait_engine_idle(1.0)  # aborted: unaborted, the paced long flush would keep it busy for minutes
+    wait_engine_idle()  # aborted: unaborted, the paced long flush would keep it busy for minutes
 
 
 async def test_disconnect_right_after_flush_frees_the_engine(connect):
@@ -242,7 +242,7 @@ async def test_disconnect_right_after_flush_frees_the_engine(connect):
     await start_long_utterance(comm)
     await asyncio.sleep(0)  # the flush is handled, nothing has come back yet
     await comm.disconnect(timeout=5)
-    wait_engine_idle(1.0)
+    wait_engine_idle()
 
 
 async def test_many_sessions_cancel_and_disconnect_leave_no_work(connect):
@@ -258,7 +258,7 @@ async def test_many_sessions_cancel_and_disconnect_leave_no_work(connect):
     for comm in comms[:2]:
         t = await receive_until_done(comm)
         assert t.of_type("audio.done")[-1].get("cancelled") is True
-    wait_engine_idle(1.0)
+    wait_engine_idle()
     # Late: a cancel after the utterance ended is an ordinary idle cancel.
     await comms[0].send_json_to({"type": "input.cancel"})
     assert await receive(comms[0]) == {"type": "input.cancelled", "utterance_index": 1}

@@ -305,7 +305,7 @@ async def test_cancel_mid_stream_ends_with_eos_and_cancelled(connect):
     assert t.types[-1] == "session.done" and t.json[-1]["total_sentences"] == len(sentences)
     assert t.errors == [] and not t.of_type("input.cancelled")
     await expect_silence(comm, 0.2)
-    wait_engine_idle(1.0)
+    wait_engine_idle()
     # The session carries on.
     [again] = codec_sentences(await speak(comm, FOX))
     assert again.start["utterance_index"] == 1
@@ -329,7 +329,7 @@ async def test_disconnect_mid_stream_frees_the_engine(connect):
     for comm in comms:
         await receive_until(comm, lambda m: isinstance(m, bytes))
         await comm.disconnect(timeout=5)
-    wait_engine_idle(1.0)  # aborted: unaborted, the paced long flush would keep it busy for minutes
+    wait_engine_idle()  # aborted: unaborted, the paced long flush would keep it busy for minutes
 
 
 async def test_concurrent_codec_sessions_get_the_same_codes(connect, codec):

@@ -8,15 +8,17 @@ import asyncio
 import json
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from channels.testing import WebsocketCommunicator
 
+from omniweb.engine.contracts import DONE, Done, ShapeSignature, StepResult, WorkPlan
 from omniweb.engine.messages import Chunk, End, to_wire
 from omniweb.engine.requests import EngineRequest
 from omniweb.engine.requests import from_wire as request_from_wire
 
-IDLE_POLL_SECONDS = 2.0
+IDLE_POLL_SECONDS = 30.0  # a ceiling: an idle engine returns at once, a hang still fails, a slow CI box does not
 HEARTBEAT_LAG = 0.6  # a worker's heartbeat key may be this old
 redis_url: str | None = None  # set while the redis dispatch path is under test
 
@@ -125,3 +127,69 @@ class WireSink:
         self.chunks.append(to_wire(chunk))
         if isinstance(chunk, End):
             self.ended.set()
+
+
+HOLD = "test.hold"
+
+
+@dataclass(frozen=True, kw_only=True)
+class HoldRequest(EngineRequest):
+    """One step that runs until ``HoldPipeline.release``: it keeps a worker busy."""
+
+    pipeline: str = HOLD
+
+
+class HoldLoop:
+    name = "hold"
+
+    def __init__(self, released: threading.Event) -> None:
+        self.released = released
+
+    def init(self, request: EngineRequest, slots: dict[str, Any]) -> list[bool]:
+        return [False]
+
+    def next(self, state: list[bool]) -> WorkPlan | Done:
+        if state[0]:
+            return DONE
+
+        def run() -> StepResult:
+            assert self.released.wait(60), "a held worker was never released"
+            return StepResult(output=None)
+
+        return WorkPlan(kind="hold", shape=ShapeSignature("hold"), run=run, label="hold")
+
+    def advance(self, state: list[bool], result: StepResult) -> None:
+        state[0] = True
+
+    def finalize(self, state: list[bool]) -> dict[str, Any]:
+        return {}
+
+
+class HoldPipeline:
+    """Holds workers on purpose, so work submitted meanwhile is all runnable when they are freed:
+    a batching test then sees its requests land together instead of hoping they do."""
+
+    name = HOLD
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self.loops = (HoldLoop(self.released),)
+
+    def validate(self, request: EngineRequest) -> None:
+        pass
+
+    def finish(self, finals: list[dict[str, Any]]) -> End:
+        return End()
+
+    def hold(self, sched: Any, workers: int) -> None:
+        """Occupy ``workers`` of ``sched``'s workers until ``release``."""
+        self.released.clear()
+        for i in range(workers):
+            sched.submit(f"hold-{i}-{time.monotonic_ns()}", HoldRequest(), lambda chunk: None)
+        deadline = time.monotonic() + 60
+        while sched.stats().running_steps < workers:
+            assert time.monotonic() < deadline, "the hold steps never started"
+            time.sleep(0.005)
+
+    def release(self) -> None:
+        self.released.set()
