@@ -74,7 +74,7 @@ class SpeechStreamConsumer(SessionConsumer):
             touch=self._touch,
             resume=self._utterance_over,
         )
-        self.clock = SessionClock(
+        self.clock: SessionClock | None = SessionClock(
             config_timeout=settings.SPEECH_CONFIG_TIMEOUT,
             idle_timeout=settings.SPEECH_IDLE_TIMEOUT,
             configured=lambda: self.config is not None,
@@ -83,8 +83,8 @@ class SpeechStreamConsumer(SessionConsumer):
             on_timeout=self.on_timeout,
         )
         await self.accept()
-        self.watchdog = spawn(self.clock.run(), "speech session clock")
-        self.processor = spawn(self.inbox.run(), "speech session inbox")
+        self.watchdog: asyncio.Task[None] | None = spawn(self.clock.run(), "speech session clock")
+        self.processor: asyncio.Task[None] | None = spawn(self.inbox.run(), "speech session inbox")
 
     @property
     def state(self) -> ConversationState:
@@ -126,11 +126,13 @@ class SpeechStreamConsumer(SessionConsumer):
             self.clock.touch()
 
     def _utterance_over(self) -> None:
+        assert self.clock is not None  # an utterance of a released session never gets here (its session drops it)
         self.clock.touch()  # the idle clock restarts when the utterance ends
         self.inbox.reopen()  # the messages held meanwhile, in order
 
     # -- the single reader -------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        assert self.clock is not None  # set in connect; None only once released, after the last receive
         self.clock.touch()
         if self.state is SessionState.CLOSED:
             return

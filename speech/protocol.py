@@ -166,7 +166,7 @@ def tts_request(
         pipeline=pipeline,
         text=text,
         voice=config.voice,
-        speed=config.speed,
+        speed=config.speed if config.speed is not None else 1.0,  # null: the default, in both engine modes
         seed=config.seed,
         split=split or config.split_granularity,
         timestamps=config.word_timestamps,

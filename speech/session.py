@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -317,7 +317,7 @@ async def codec_spec() -> dict[str, Any] | None:
 
 
 def speak_request(
-    config: SessionConfig, pieces: list[str], *, merge: bool, codec: dict[str, Any] | None
+    config: SessionConfig, pieces: Sequence[str], *, merge: bool, codec: dict[str, Any] | None
 ) -> SpeakRequest:
     """The engine request for the next pieces of the utterance (the core adds the noise state)."""
     if config.split_granularity == "none":

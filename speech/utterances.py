@@ -29,7 +29,6 @@ from omniweb.conversation import (
     SentenceStart,
     SpeechTurn,
     TurnEnd,
-    TurnEvent,
 )
 
 from . import protocol
@@ -81,7 +80,7 @@ class Utterance:
     cancelling: bool = False
     over: bool = False  # its session.done went out
 
-    async def emit(self, event: TurnEvent) -> None:
+    async def emit(self, event: EngineChunk) -> None:
         """One typed event of the utterance → the wire."""
         if isinstance(event, TurnEnd):
             await self._on_end(event)

@@ -112,6 +112,7 @@ async def test_healthz_embedded_never_starts_the_engine(embedded, monkeypatch):
             "queued": 0,
             "running_steps": 0,
         },
+        "thinker": {"kind": "scene"},
     }
     assert runtime._scheduler is None
 

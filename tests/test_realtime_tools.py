@@ -134,9 +134,6 @@ def test_function_tools_are_accepted_and_echoed_as_declared() -> None:
         ({"tools": "get_time"}, "session.tools", "valid list"),
         ({"tools": [TIME], "tool_choice": "any"}, "session.tool_choice", "'required'"),
         ({"tools": [TIME], "tool_choice": {"type": "mcp", "server_label": "x"}}, "session.tool_choice", "MCP"),
-        ({"tools": [TIME], "tool_choice": {"type": "function", "name": "nope"}}, "session.tool_choice", "get_time"),
-        ({"tool_choice": {"type": "function", "name": "get_time"}}, "session.tool_choice", "there are none"),
-        ({"tool_choice": "required"}, "session.tool_choice", "needs at least one tool"),
         ({"max_output_tokens": 0}, "session.max_output_tokens", "1 to 4096"),
         ({"max_output_tokens": 4097}, "session.max_output_tokens", "1 to 4096"),
         ({"max_output_tokens": True}, "session.max_output_tokens", "1 to 4096"),
@@ -147,6 +144,20 @@ def test_function_tools_are_accepted_and_echoed_as_declared() -> None:
 def test_invalid_tool_settings_are_refused_naming_the_field(fields: dict[str, Any], param: str, says: str) -> None:
     err = refused_update(fields)
     assert err.param == param and says in err.message
+
+
+def test_a_session_takes_its_tool_choice_before_its_tools_and_a_response_checks_them() -> None:
+    """pipecat and LiveKit send the tool choice in their first session.update, the tools later."""
+    session = llm_session(tool_choice="required")
+    assert session.tool_choice == "required" and not session.tools
+    with pytest.raises(RealtimeError) as info:
+        Tools.of(params(), session)
+    assert info.value.param == "response.tool_choice" and "needs at least one tool" in info.value.message
+    named = llm_session(tool_choice={"type": "function", "name": "get_time"}, tools=[WEATHER])
+    with pytest.raises(RealtimeError) as info:
+        Tools.of(params(), named)
+    assert "'get_time' is not among" in info.value.message
+    assert Tools.of(params(), llm_session(tool_choice="required", tools=[TIME])).choice == "required"
 
 
 def test_response_create_takes_tools_and_overrides_the_sessions() -> None:

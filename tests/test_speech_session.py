@@ -539,3 +539,14 @@ def test_timeouts_default_to_the_reference_values():
         pytest.skip("timeouts overridden in the environment")
     assert django_settings.SPEECH_IDLE_TIMEOUT == 30.0
     assert django_settings.SPEECH_CONFIG_TIMEOUT == 10.0
+
+
+def test_speed_null_is_the_default_and_crosses_the_redis_boundary():
+    """A client's ``"speed": null`` means 1.0 in both engine modes (the Redis worker refused a
+    request whose speed was None)."""
+    from omniweb.engine.requests import from_wire, to_wire
+    from speech.protocol import SessionConfig, tts_request
+    from speech.tts.loops import PIPELINE
+
+    request = tts_request("Hello.", SessionConfig.model_validate({"speed": None}), PIPELINE)
+    assert request.speed == 1.0 and from_wire(to_wire(request)) == request

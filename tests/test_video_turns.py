@@ -189,7 +189,10 @@ async def test_history_carries_earlier_turns(connect, requests_seen, settings):
     for question in ("What do you see?", "Is it dark?", "What colour is it?"):
         await comm.send_json_to({"type": "video.query", "text": question})
         answers.append((await collect_turn(comm, audio=False)).of_type("response.text.done")[0]["text"])
-    histories = [r["history"] for r in video_requests(requests_seen)]
+    histories = [
+        [{"role": h["role"], "content": h["content"]} for h in r["history"]] for r in video_requests(requests_seen)
+    ]
+    assert not any(h["calls"] or h["call_id"] for r in video_requests(requests_seen) for h in r["history"])
     assert histories[0] == []
     assert histories[1] == [
         {"role": "user", "content": "What do you see?"},

@@ -95,7 +95,7 @@ class VideoStreamConsumer(SessionConsumer):
             on_idle=self._on_turn_idle,
         )
         self.caps = voice().capabilities()
-        self.clock = SessionClock(
+        self.clock: SessionClock | None = SessionClock(
             config_timeout=settings.VIDEO_CONFIG_TIMEOUT,
             idle_timeout=settings.VIDEO_IDLE_TIMEOUT,
             configured=lambda: self.config is not None,
@@ -113,6 +113,12 @@ class VideoStreamConsumer(SessionConsumer):
             "video.done": self.on_video_done,
             "ping": self.on_ping,
         }
+
+    @property
+    def _live(self) -> VideoSession:
+        """The session, set in connect; None only once released, after which no handler runs."""
+        assert self.session is not None
+        return self.session
 
     @property
     def state(self) -> ConversationState:
@@ -142,6 +148,7 @@ class VideoStreamConsumer(SessionConsumer):
     # -- the single reader -------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         received_ms = now_ms()
+        assert self.clock is not None  # set in connect; None only once released, after the last receive
         self.clock.touch()
         if self.state in (SessionState.CLOSED, SessionState.FINISHING):
             return  # nothing after video.done is read, as in the seed
@@ -167,7 +174,7 @@ class VideoStreamConsumer(SessionConsumer):
             await self.fail(full.message, full.kind)
             return
         if msg.get("type") == "video.done":
-            self.session.conversation.finish()  # nothing after it is read
+            self._live.conversation.finish()  # nothing after it is read
 
     async def on_session_config(self, text_data: str) -> None:
         try:
@@ -176,7 +183,7 @@ class VideoStreamConsumer(SessionConsumer):
             await self.fail(exc.message)
             return
         self.config = config
-        self.session.configure(config)
+        self._live.configure(config)
         self.tasks.append(spawn(self.inbox.run(), "video session processor"))
 
     # -- the processor: one handler per message type -----------------------------------------------
@@ -185,7 +192,7 @@ class VideoStreamConsumer(SessionConsumer):
         behind it, so the server VAD hears a run of them in one engine call instead of one round
         trip each (a client that sends faster than real time, or any client while the engine is busy)."""
         if isinstance(item, _DecodeFailed):
-            await self.session.decode_failed(item.frame)
+            await self._live.decode_failed(item.frame)
             return
         msg_type = item.get("type")
         handler = self.handlers.get(msg_type) if isinstance(msg_type, str) else None
@@ -194,10 +201,10 @@ class VideoStreamConsumer(SessionConsumer):
             return
         await handler(item)
         if not _is_audio_chunk(self.inbox.peek()):
-            await self.session.listen()
+            await self._live.listen()
 
     async def on_video_done(self, msg: dict[str, Any]) -> None:
-        await self.session.conversation.wait()
+        await self._live.conversation.wait()
         await self.send_json(protocol.session_done())
         await self._close_session()
 

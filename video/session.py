@@ -45,7 +45,7 @@ from omniweb.conversation import (
     SpeechSegment,
     TurnSpec,
 )
-from omniweb.conversation.listening import FEED_MS
+from omniweb.conversation.listening import FEED_MS, Heard
 from omniweb.conversation.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, VadParams, VoiceActivity
 from omniweb.engine.client import EngineClient
 from omniweb.media.frames import FrameError
@@ -203,6 +203,7 @@ class VideoSession:
             await self.send(protocol.error(message, exc.kind))
             return
         for event in events:
+            assert not isinstance(event, Heard)  # no streaming transcription here: its listener has no ``early``
             await self.on_heard(event)
 
     async def on_heard(self, event: SpeechStarted | SpeechStopped | SpeechSegment) -> None:

@@ -271,6 +271,7 @@ class Whisper:
         if options.words and found:
             import ctranslate2
 
+            assert window.encoded is not None  # segments() runs in the decode step, before advance drops it
             encoded = ctranslate2.StorageView.from_array(np.ascontiguousarray(window.encoded[None]))
             self.model.add_word_timestamps(
                 [found], tokenizer, encoded, [size], PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS, 0.0

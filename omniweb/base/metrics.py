@@ -260,7 +260,8 @@ def _layer_hosts() -> list[dict[str, Any]]:
     from channels_redis.utils import decode_hosts
 
     config = settings.CHANNEL_LAYERS["default"].get("CONFIG") or {}
-    return decode_hosts(config.get("hosts"))
+    hosts: list[dict[str, Any]] = decode_hosts(config.get("hosts"))  # channels_redis: untyped
+    return hosts
 
 
 def _client(host: dict[str, Any]) -> Any:

@@ -6,12 +6,14 @@ import asyncio
 import functools
 import logging
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
 
-def spawn(coro: Coroutine[Any, Any, Any], what: str) -> asyncio.Task[Any]:
+def spawn(coro: Coroutine[Any, Any, T], what: str) -> asyncio.Task[T]:
     """A task whose failure is always observed and logged once, never "Task exception was never
     retrieved" at garbage collection (a session's tasks may end while nobody awaits them)."""
     task = asyncio.ensure_future(coro)

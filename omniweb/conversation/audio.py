@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from math import gcd
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from scipy.signal import resample_poly
 
 from omniweb.base import budget as process_budget
@@ -87,5 +89,5 @@ def resample_pcm16(pcm: bytes, from_rate: int, to_rate: int) -> bytes:
         return pcm
     g = gcd(from_rate, to_rate)
     samples = np.frombuffer(pcm[: len(pcm) // 2 * 2], "<i2").astype(np.float32)
-    out = resample_poly(samples, to_rate // g, from_rate // g)
+    out: npt.NDArray[np.floating[Any]] = resample_poly(samples, to_rate // g, from_rate // g)  # scipy: untyped
     return np.clip(np.round(out), -32768, 32767).astype("<i2").tobytes()

@@ -63,8 +63,8 @@ class FrameSelection:
     window_seconds: float = 2.0  # for "latest_seconds"
 
     def pick(self, usable: Sequence[BufferedFrame]) -> list[BufferedFrame]:
-        pts = [f.pts_ms for f in usable]
-        times = [float(t) for t in pts] if all(t is not None for t in pts) else [f.received_ms for f in usable]
+        pts = [float(f.pts_ms) for f in usable if f.pts_ms is not None]
+        times = pts if len(pts) == len(usable) else [f.received_ms for f in usable]
         return [usable[i] for i in frames.select_frames(times, self.num_frames, self.strategy, self.window_seconds)]
 
 

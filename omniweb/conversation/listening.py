@@ -29,9 +29,9 @@ took before the VAD had it) is counted so stream positions stay right.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from omniweb.base.tasks import spawn
 from omniweb.conversation.vad import SpeechStarted, SpeechStopped, VoiceActivity
@@ -80,7 +80,9 @@ class Transcribe(Protocol):
     segments), in order, beginning with ``prefix`` when one is given; None: it failed. ``partial``:
     a hypothesis while the person still speaks (worth doing only with time to spare)."""
 
-    def __call__(self, pcm: bytes, *, prefix: str | None, partial: bool) -> Awaitable[Sequence[str] | None]: ...
+    def __call__(
+        self, pcm: bytes, /, *, prefix: str | None, partial: bool
+    ) -> Coroutine[Any, Any, Sequence[str] | None]: ...
 
 
 @dataclass(frozen=True)

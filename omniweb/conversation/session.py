@@ -14,9 +14,9 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from omniweb.base.errors import ErrorKind
 from omniweb.base.tasks import spawn
@@ -27,7 +27,6 @@ from .audio import AudioBuffer
 from .chunks import TurnEnd
 from .frames import BufferedFrame, FrameBuffer
 from .history import History
-from .turns import TurnEvent
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +67,13 @@ class IllegalTransition(RuntimeError):
     """An adapter asked the session for a move its state does not allow."""
 
 
-class Turn(Protocol):
-    """What ``start_turn`` runs: the runner of one engine-driven answer."""
+EventT = TypeVar("EventT")
+EventT_co = TypeVar("EventT_co", covariant=True)
+
+
+class Turn(Protocol[EventT_co]):
+    """What ``start_turn`` runs: the runner of one engine-driven answer, whose events are ``EventT_co``s
+    (``TurnSpec``: ``TurnEvent``s; ``SpeechTurn``: the engine's chunks)."""
 
     @property
     def request_id(self) -> str | None:
@@ -79,13 +83,13 @@ class Turn(Protocol):
     def frames(self) -> Sequence[BufferedFrame]:
         """The buffered frames the turn looks at (kept decodable while it runs)."""
 
-    def run(self, engine: EngineClient) -> AsyncIterator[Any]:
+    def run(self, engine: EngineClient) -> AsyncGenerator[EventT_co, None]:
         """The turn's events, in order; closing it early abandons the engine request."""
 
 
 @dataclass(eq=False)
 class ActiveTurn:
-    spec: Turn
+    spec: Turn[Any]
     task: asyncio.Task[None] | None = None
     interrupted: bool = False  # once set, the turn sends nothing more
     emitting: bool = False  # an event is being written: an interrupt lets it complete
@@ -99,7 +103,9 @@ class ActiveTurn:
         return self.task is not None and not self.task.done()
 
 
-Emit = Callable[[ActiveTurn, TurnEvent], Awaitable[None]]
+# The adapter's writer of a turn's events: ``Emit[E | TurnEnd]`` for a ``Turn[E]`` (a turn that fails ends
+# with the core's own ``TurnEnd``).
+Emit = Callable[[ActiveTurn, EventT], Awaitable[None]]
 Ended = Callable[[ActiveTurn], Awaitable[None]]
 
 
@@ -140,8 +146,8 @@ class Conversation:
 
     def start_turn(
         self,
-        spec: Turn,
-        emit: Emit,
+        spec: Turn[EventT],
+        emit: Emit[EventT | TurnEnd],
         *,
         stopped: Callable[[], bool] = lambda: False,
         ended: Ended | None = None,
@@ -178,7 +184,9 @@ class Conversation:
         """The session takes nothing more (its socket is closing); ``close`` then frees it."""
         self._move(ConversationState.CLOSED)
 
-    async def _run(self, turn: ActiveTurn, emit: Emit, stopped: Callable[[], bool], ended: Ended | None) -> None:
+    async def _run(
+        self, turn: ActiveTurn, emit: Emit[EventT | TurnEnd], stopped: Callable[[], bool], ended: Ended | None
+    ) -> None:
         try:
             await self._deliver(turn, emit, stopped)
         except asyncio.CancelledError:
@@ -199,7 +207,7 @@ class Conversation:
         if ended is not None and not turn.interrupted:
             await ended(turn)
 
-    async def _deliver(self, turn: ActiveTurn, emit: Emit, stopped: Callable[[], bool]) -> None:
+    async def _deliver(self, turn: ActiveTurn, emit: Emit[EventT], stopped: Callable[[], bool]) -> None:
         """The runner's events to ``emit`` until it ends, is interrupted or the adapter stops it."""
         async with contextlib.aclosing(turn.spec.run(self.engine)) as events:
             async for event in events:

@@ -16,7 +16,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from omniweb.base.errors import ErrorKind
@@ -72,7 +72,7 @@ class TurnSpec:
     admit_budget: float | None = None
     request_id: str = field(default_factory=lambda: f"turn-{uuid.uuid4().hex[:12]}")
 
-    def run(self, engine: EngineClient) -> AsyncIterator[TurnEvent]:
+    def run(self, engine: EngineClient) -> AsyncGenerator[TurnEvent, None]:
         """The turn's runner (``Conversation.start_turn`` runs any ``Turn``): ``run_turn``."""
         return run_turn(engine, self)
 
@@ -152,7 +152,7 @@ def estimate_usage(
     )
 
 
-async def run_turn(engine: EngineClient, spec: TurnSpec) -> AsyncIterator[TurnEvent]:
+async def run_turn(engine: EngineClient, spec: TurnSpec) -> AsyncGenerator[TurnEvent, None]:
     """Answer one turn (see the module docstring). Closing the generator early (an interrupt)
     abandons the engine request: the engine client aborts a stream it did not read to its end."""
     usable = await FrameBuffer.settle(spec.frames)

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import replace
 
 from omniweb.engine.client import EngineClient
@@ -81,7 +81,7 @@ class SpeechTurn:
             self.first_audio_at = time.monotonic()
         self.media_seconds += seconds
 
-    async def run(self, engine: EngineClient) -> AsyncIterator[EngineChunk]:
+    async def run(self, engine: EngineClient) -> AsyncGenerator[EngineChunk, None]:
         while self._feed or not self.input_done:
             if not self._feed:
                 self._wake.clear()
@@ -105,7 +105,7 @@ class SpeechTurn:
         self.finished = True
         yield TurnEnd(Status.OK, rng_state=self.rng_state)
 
-    async def _stream(self, engine: EngineClient, pieces: Sequence[str]) -> AsyncIterator[EngineChunk]:
+    async def _stream(self, engine: EngineClient, pieces: Sequence[str]) -> AsyncGenerator[EngineChunk, None]:
         """One request's typed chunks, its ``TurnEnd`` last; closing early aborts the request."""
         request = self._request(pieces)
         if self.rng_state is not None:

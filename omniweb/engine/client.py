@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from omniweb.base.errors import CAPACITY_MESSAGE, ErrorKind
@@ -27,8 +27,8 @@ REQUEST_TOO_LARGE = "request too large for the engine: over 64 MiB of frames and
 
 
 class EngineClient(Protocol):
-    def stream(self, request: EngineRequest, request_id: str | None = None) -> AsyncIterator[Chunk]:
-        """Yield the request's chunks; the last one is its ``End``."""
+    def stream(self, request: EngineRequest, request_id: str | None = None) -> AsyncGenerator[Chunk, None]:
+        """Yield the request's chunks; the last one is its ``End``. Closing it early abandons the request."""
         ...
 
     async def abort(self, request_id: str) -> None: ...
@@ -64,7 +64,7 @@ class LocalEngineClient:
                     raise
             await asyncio.sleep(READY_POLL_SECONDS)
 
-    async def stream(self, request: EngineRequest, request_id: str | None = None) -> AsyncIterator[Chunk]:
+    async def stream(self, request: EngineRequest, request_id: str | None = None) -> AsyncGenerator[Chunk, None]:
         rid = request_id or uuid.uuid4().hex
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Chunk] = asyncio.Queue()

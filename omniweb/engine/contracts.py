@@ -16,6 +16,7 @@ from .messages import Chunk, End
 from .requests import EngineRequest
 
 StateT = TypeVar("StateT")
+StateT_contra = TypeVar("StateT_contra", contravariant=True)  # Releasing only takes a state
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ class Loop(Protocol, Generic[StateT]):
     def finalize(self, state: StateT) -> dict[str, Any]: ...
 
 
-class Releasing(Protocol[StateT]):
+class Releasing(Protocol[StateT_contra]):
     """Optional on a loop: ``release(state)`` frees what a state holds outside the process (an HTTP
     stream) when its request ends without ``finalize`` (aborted, failed, engine stopped).
 
@@ -122,7 +123,7 @@ class Releasing(Protocol[StateT]):
     running on another thread, so it must be thread-safe and quick.
     """
 
-    def release(self, state: StateT) -> None: ...
+    def release(self, state: StateT_contra) -> None: ...
 
 
 class Pipeline(Protocol):
@@ -132,8 +133,12 @@ class Pipeline(Protocol):
     refused by load shedding (the VAD windows of a session that is already listening).
     """
 
-    name: str
-    loops: Sequence[Loop[Any]]
+    # Read-only for the engine: a pipeline may hold them as plain attributes (a tuple of its own loops).
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def loops(self) -> Sequence[Loop[Any]]: ...
 
     def validate(self, request: EngineRequest) -> None:
         """Raise ``ValueError`` with a client-safe message when the request cannot be served (not

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgpack
@@ -123,7 +123,7 @@ class ChannelEngineClient:
         self._owners: dict[str, str | None] = {}
         self._abort_requested: set[str] = set()
 
-    async def stream(self, request: EngineRequest, request_id: str | None = None) -> AsyncIterator[Chunk]:
+    async def stream(self, request: EngineRequest, request_id: str | None = None) -> AsyncGenerator[Chunk, None]:
         rid = request_id or uuid.uuid4().hex
         if request.byte_size() > MAX_REQUEST_BYTES:  # as LocalEngineClient: one limit, both modes
             yield End.failed(ErrorKind.CLIENT, REQUEST_TOO_LARGE)
@@ -251,6 +251,7 @@ class ChannelEngineClient:
         """A Redis client for one call: a connection pool is bound to one event loop."""
         import redis.asyncio as redis
 
+        assert self._redis_url is not None  # called only when the byte strings go to Redis (a URL is set)
         client = redis.from_url(self._redis_url)
         try:
             yield client

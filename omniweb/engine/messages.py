@@ -220,7 +220,7 @@ Chunk = (
     | End
 )
 
-_TYPES: dict[str, type[Any]] = {
+_TYPES: dict[str, type[Chunk]] = {
     cls.TYPE: cls
     for cls in (
         Transcript,

@@ -214,6 +214,7 @@ class EndOfTurnRequest(EngineRequest):
 
 
 RequestT = TypeVar("RequestT", bound=EngineRequest)
+LoadedT = TypeVar("LoadedT")  # a dataclass, built by _load from plain data
 
 
 def expect(request: EngineRequest, kind: type[RequestT]) -> RequestT:
@@ -250,7 +251,7 @@ def from_wire(message: dict[str, Any]) -> EngineRequest:
     return _load(cls, values)
 
 
-def _load(cls: type[Any], values: Any) -> Any:
+def _load(cls: type[LoadedT], values: Any) -> LoadedT:
     """A dataclass from plain data, nested dataclasses, enums and tuples restored by the annotations."""
     if not isinstance(values, dict):
         raise ValueError(f"{cls.__name__} must be an object, not {type(values).__name__}")

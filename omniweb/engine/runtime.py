@@ -203,9 +203,10 @@ class WorkerRoom:
             self._beats = [b for b in await read_heartbeats() or [] if b.get("up") and b.get("ready", True)]
         limit = self._budget if budget is None else budget  # own_admit_budget: None or > 0
         waits = [b.get("estimated_wait_seconds", {}).get(pipeline) for b in self._beats]
-        if not waits or any(not isinstance(w, int | float) or w <= limit for w in waits):
+        estimates = [w for w in waits if isinstance(w, int | float)]
+        if not waits or len(estimates) < len(waits) or any(w <= limit for w in estimates):
             return None  # unknown (no estimate yet, an older worker): the workers decide
-        return min(waits) - limit
+        return min(estimates) - limit
 
 
 def get_engine_client() -> EngineClient:

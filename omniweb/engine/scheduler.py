@@ -990,15 +990,16 @@ class Scheduler:
                         self._restart_window(now)
                 if not self._running:
                     return
-                plans = []
+                plans: list[WorkPlan] = []
                 for _, e in batch:
+                    assert e.plan is not None  # _pick takes only entries with a plan
                     e.busy = True
                     plans.append(e.plan)
                     e.plan = None
                 self._running_steps += len(batch)
                 batch_worker = batch[0][0].batch  # the most urgent is batch: nothing real-time is ready
                 self._batch_workers += batch_worker
-                long_worker = any(p is not None and p.long for p in plans)
+                long_worker = any(p.long for p in plans)
                 self._long_workers += long_worker
             started = time.monotonic()
             results, errors = self._run(plans)  # device work: outside the lock
@@ -1008,7 +1009,7 @@ class Scheduler:
                 self._batch_workers -= batch_worker
                 self._long_workers -= long_worker
                 self._steps_total += len(batch)
-                if self._on_batch is not None and plans[0] is not None:
+                if self._on_batch is not None:
                     self._on_batch(plans[0].kind, len(batch))
                 if len(batch) > 1:
                     self._batches_total += 1
@@ -1101,17 +1102,16 @@ class Scheduler:
             self._first_gap[name] = (firsts[-1] - firsts[0]) / (window - 1)
 
     @staticmethod
-    def _run(plans: Sequence[WorkPlan | None]) -> tuple[list[StepResult | None], list[BaseException | None]]:
+    def _run(plans: Sequence[WorkPlan]) -> tuple[list[StepResult | None], list[BaseException | None]]:
         """Run the plans; one result or one error per plan, so a fault stays with its own request.
 
         A batch that raises is run again one plan at a time (``batch_run`` changes nothing when it
         raises), so only the plan that fails alone ends its request; the others get their results.
         """
         first = plans[0]
-        assert first is not None
         if len(plans) > 1 and first.batch_run is not None:
             try:
-                results = first.batch_run(plans)  # type: ignore[arg-type]
+                results = first.batch_run(plans)
                 if len(results) != len(plans):
                     raise RuntimeError(f"batch_run returned {len(results)} results for {len(plans)} plans")
                 return list(results), [None] * len(plans)
@@ -1120,7 +1120,6 @@ class Scheduler:
         out: list[StepResult | None] = []
         errors: list[BaseException | None] = []
         for plan in plans:
-            assert plan is not None
             try:
                 out.append(plan.run())
                 errors.append(None)

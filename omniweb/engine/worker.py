@@ -57,7 +57,7 @@ def worker_id() -> str:
     return settings.WORKER_ID or f"{socket.gethostname()}-{os.getpid()}"
 
 
-class EngineWorkerConsumer(AsyncConsumer):
+class EngineWorkerConsumer(AsyncConsumer):  # type: ignore[misc]  # channels ships no types
     """One per worker process; requests run concurrently on the scheduler's threads."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -82,7 +82,8 @@ class EngineWorkerConsumer(AsyncConsumer):
             values = await pipe.execute()
         if any(v is None for v in values):
             return None
-        return restore_blobs(request, dict(zip(keys, values, strict=True)))
+        restored: dict[str, Any] = restore_blobs(request, dict(zip(keys, values, strict=True)))  # a dict as given
+        return restored
 
     async def claim(self, request_id: str) -> bool:
         """Exactly one worker runs a request.
@@ -174,7 +175,7 @@ class EngineWorkerConsumer(AsyncConsumer):
         get_scheduler().abort(rid)  # nothing left to deliver to: free the engine
 
 
-class EngineWorker(Worker):
+class EngineWorker(Worker):  # type: ignore[misc]  # channels ships no types
     """channels' Worker that outlives channel-layer outages and publishes its heartbeat."""
 
     async def handle(self) -> None:
@@ -186,7 +187,7 @@ class EngineWorker(Worker):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
         heartbeat = asyncio.ensure_future(publish_heartbeat())
-        stop_wait = asyncio.ensure_future(stopping.wait())
+        stop_wait: asyncio.Future[Any] = asyncio.ensure_future(stopping.wait())  # waited on with others
         listeners: list[asyncio.Future[None]] = []
         try:
             # Requests wait in Redis for a worker whose models are loaded: this one takes none before.

@@ -139,7 +139,7 @@ class ChunkReader:
         """The calls, complete and checked (raises ``ChatError`` for one that does not fit)."""
         if self.forced is not None:
             return [self._forced_call("".join(self._content))]
-        calls = [self._checked(c.name, "".join(c.arguments)) for _, c in sorted(self._calls.items())]
+        calls: list[Piece] = [self._checked(c.name, "".join(c.arguments)) for _, c in sorted(self._calls.items())]
         return calls if self.parallel else calls[:1]
 
     def _forced_call(self, text: str) -> ToolCall:

@@ -177,7 +177,7 @@ def probe_bodies(model: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def renders_tools(plain: dict[str, Any], with_tools: dict[str, Any]) -> bool:
     """From the probe's two replies: whether the function call's output reached the prompt."""
-    tokens = [r.get("usage", {}).get("prompt_tokens", 0) for r in (plain, with_tools)]
+    tokens: list[int] = [r.get("usage", {}).get("prompt_tokens", 0) for r in (plain, with_tools)]  # usage counts
     return tokens[1] - tokens[0] >= 20
 
 

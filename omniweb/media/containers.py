@@ -23,6 +23,7 @@ import logging
 import struct
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import av
 import numpy as np
@@ -141,8 +142,12 @@ class StreamEncoder:
             spec = _CODECS[response_format]
             self._sink = _Sink()
             self._container = av.open(self._sink, "w", format=spec.container, options=spec.options)
-            self._stream = self._container.add_stream(
-                spec.codec, rate=SAMPLE_RATE, layout="mono", options=spec.codec_options or {}
+            # an audio codec's stream: PyAV types add_stream by the codec's literal name, not a str
+            self._stream = cast(
+                av.AudioStream,
+                self._container.add_stream(
+                    spec.codec, rate=SAMPLE_RATE, layout="mono", options=spec.codec_options or {}
+                ),
             )
             if spec.bit_rate is not None:
                 self._stream.bit_rate = spec.bit_rate
@@ -193,6 +198,7 @@ class StreamEncoder:
         frame.sample_rate = SAMPLE_RATE
         frame.pts = self._pts
         self._pts += samples.size
+        assert self._container is not None  # fed only while the container is open (feed checks)
         for packet in self._stream.encode(frame):
             self._container.mux(packet)
             self._muxed = True

@@ -209,7 +209,9 @@ async def speech(request: HttpRequest) -> HttpResponse:
         )
     try:
         # First use may load the models (a thread); later, no thread hop on the way to the first audio.
-        engine = loaded_engine_client() or await asyncio.to_thread(get_engine_client)
+        engine = loaded_engine_client()
+        if engine is None:
+            engine = await asyncio.to_thread(get_engine_client)
         # The core's speech turn with one piece: one engine request, as the WebSocket's flush (a body
         # has one request, so nothing holds it for playback across requests).
         delivery = encoding_cost(params.response_format)  # the encoder shares the engine's cores

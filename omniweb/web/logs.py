@@ -18,7 +18,7 @@ class UTCFormatter(logging.Formatter):
     ``%(request)s`` in the format is `` [<request id>]`` inside an HTTP request, else empty.
     """
 
-    converter = time.gmtime
+    converter = time.gmtime  # type: ignore[assignment]  # a builtin, never bound to self: mypy reads a method
     default_time_format = "%Y-%m-%dT%H:%M:%S"
     default_msec_format = "%s.%03dZ"
 

@@ -30,6 +30,8 @@ _SANE_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # visible ASCII: safe in a
 class _InlineHooks:
     """``MiddlewareMixin.__acall__`` without the thread hops (mixed in ahead of the Django class)."""
 
+    get_response: Callable[[Any], Awaitable[Any]]  # the Django class's (declared only, for the checker)
+
     async def __acall__(self, request: Any) -> Any:
         response = self.process_request(request) if hasattr(self, "process_request") else None
         response = response or await self.get_response(request)

@@ -48,6 +48,7 @@ from speech.tts.loops import (
     validate_voice,
 )
 from speech.tts.model import HibariTalker, SentenceFrames
+from speech.tts.text import WordTiming as AlignedWord
 from speech.tts.vocoder import AcousticFrames
 
 from .model import Codec, CodecDecoder, CodecTableError, decode_batch, load_codec
@@ -95,7 +96,7 @@ class SentenceCodes:
 
     index: int
     text: str
-    timestamps: list[dict[str, Any]] | None
+    timestamps: list[AlignedWord] | None
     total_rows: int
     packets: list[np.ndarray] = field(default_factory=list)
     available: int = 0

@@ -445,7 +445,7 @@ class CodecDecoder:
     def _take(self, pitch: np.ndarray | None, env: np.ndarray) -> _Work:
         """Add decoded rows (pitch None: flush) and plan what can be synthesized now."""
         final = pitch is None
-        if not final and len(pitch):
+        if pitch is not None and len(pitch):
             self._f0 = np.concatenate([self._f0, pitch])
             self._env = np.concatenate([self._env, env])
             self._n += len(pitch)
@@ -544,15 +544,18 @@ def decode_batch(steps: Sequence[tuple[CodecDecoder, np.ndarray | None]]) -> lis
         at[key] += n
     # pulse trains of all streams in one pass
     pitch3 = [w.decoder._pitch_of(w.blocks) for w in works]
+    f_prev, f_cur, f_next = (np.concatenate([p[i] for p in pitch3]) for i in range(3))
     new, accs = pulse_blocks(
-        *(np.concatenate([p[i] for p in pitch3]) for i in range(3)),
+        f_prev,
+        f_cur,
+        f_next,
         [w.decoder._acc for w in works],
         [len(w.blocks) for w in works],
     )
-    at = 0
+    block = 0
     for w, acc in zip(works, accs, strict=True):
-        w.decoder._add_pulses(w, new[at : at + len(w.blocks)], acc)
-        at += len(w.blocks)
+        w.decoder._add_pulses(w, new[block : block + len(w.blocks)], acc)
+        block += len(w.blocks)
     busy = [w for w in works if w.rows]
     if busy:
         frames = spectral_frames(

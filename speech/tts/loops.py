@@ -17,7 +17,7 @@ import json
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 from django.conf import settings
@@ -36,7 +36,8 @@ from omniweb.engine.contracts import (
 from omniweb.engine.messages import Chunk, End, PcmAudio, SentenceEnd, SentenceStart, WordTiming
 from omniweb.engine.requests import SPEECH, EngineRequest, SpeakingRequest, SpeakRequest, expect
 from omniweb.engine.voice import TEXT_IN, TEXT_IN_DONE
-from speech.tts.text import bound_units, split_text
+from speech.tts.text import Granularity, bound_units, split_text
+from speech.tts.text import WordTiming as AlignedWord
 
 from .model import HibariTalker, SentenceFrames
 from .vocoder import SAMPLE_RATE, SpectralBackend, VocoderStream, run_chunks_batched
@@ -123,7 +124,8 @@ class TalkerLoop:
             slots[TALKER_DONE] = False
         else:
             assert isinstance(request, SpeakRequest)
-            sentences = split_text(request.text, request.split)
+            # a plain str in the engine's request; split_text refuses any other value
+            sentences = split_text(request.text, cast(Granularity, request.split))
             slots[TALKER_DONE] = not sentences
         return TalkerState(
             sentences=sentences,
@@ -324,10 +326,10 @@ class SpokenSentence(Protocol):
 
     index: int
     text: str
-    timestamps: list[dict[str, Any]] | None
+    timestamps: list[AlignedWord] | None
 
 
-def word_timings(timestamps: list[dict[str, Any]] | None) -> tuple[WordTiming, ...]:
+def word_timings(timestamps: list[AlignedWord] | None) -> tuple[WordTiming, ...]:
     """``speech.tts.text.align_words``' timings as the engine's typed words."""
     return tuple(WordTiming(str(w["word"]), int(w["start_ms"]), int(w["end_ms"])) for w in timestamps or ())
 

@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from omniweb.base.devices import device_for
 from omniweb.engine.voice import Capabilities
 from omniweb.media.containers import available_formats
-from speech.tts.text import align_words, model_text
+from speech.tts.text import WordTiming, align_words, model_text
 
 from .vocoder import AcousticFrames, VocoderStream, draw_noise
 
@@ -39,7 +39,7 @@ class SentenceFrames:
     text: str
     acoustic: list[AcousticFrames]  # one per phoneme segment: the talker's frames
     segments: list[VocoderStream]  # the same segments ready to vocode (empty when not vocoding)
-    timestamps: list[dict[str, int | str]] | None
+    timestamps: list[WordTiming] | None
 
     @property
     def n_frames(self) -> int:

@@ -7,10 +7,10 @@ follow hibari-tts 0.2.1 (its sentence split, phoneme alphabet and duration units
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from difflib import SequenceMatcher
 from itertools import accumulate
-from typing import Literal, TypedDict
+from typing import Literal, SupportsInt, TypedDict
 
 from hibari.tts import _SENT_END, _ends_sentence
 
@@ -170,7 +170,7 @@ Span = tuple[float, float]
 
 def align_words(
     text: str,
-    segments: list[tuple[str, Sequence[int]]],
+    segments: Sequence[tuple[str, Iterable[SupportsInt]]],
     vocab: dict[str, int],
     g2p: Callable[[str], str],
 ) -> list[WordTiming]:
@@ -242,7 +242,7 @@ def _phones(ps: str, vocab: dict[str, int]) -> str:
 
 
 def _segment_phones(
-    segments: list[tuple[str, Sequence[int]]], vocab: dict[str, int]
+    segments: Sequence[tuple[str, Iterable[SupportsInt]]], vocab: dict[str, int]
 ) -> tuple[list[str], list[Span], float]:
     """Phoneme words of all segments, a span per kept character, where speech starts.
 

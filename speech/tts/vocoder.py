@@ -216,6 +216,7 @@ class VocoderStream:
             lo, hi = max(b0, g0 + k), min(b1, stop + k)
             if lo < hi:
                 y[lo - b0 : hi - b0] += g[lo - k - g0 : hi - k - g0, k]
+        assert self._norm is not None  # None only for a segment of no frames, which has no blocks
         y *= self._norm[b0:b1]
         return y.reshape(-1)
 

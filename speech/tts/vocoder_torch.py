@@ -88,8 +88,9 @@ class TorchBackend:
             self._win_src = torch.from_numpy(np.ascontiguousarray(dsp.WIN_SRC, np.float32)).to(dev)
             self.device = self._win.device
             # one frame end to end: proves the device has every op used (and warms it up)
-            rows = [np.zeros((1, dsp.N_FFT), np.float32)] + [np.zeros((1, _BINS), np.float32) for _ in range(5)]
-            self.windowed_frames(*rows, np.zeros((1, _BINS), np.complex64))
+            src = np.zeros((1, dsp.N_FFT), np.float32)
+            lh, th, ln, lr, phi = (np.zeros((1, _BINS), np.float32) for _ in range(5))
+            self.windowed_frames(src, lh, th, ln, lr, phi, np.zeros((1, _BINS), np.complex64))
         except Exception as e:  # a device type this torch build lacks or cannot run (mps, xpu, meta...)
             raise ValueError(f"vocoder device {device!r} is not available: {e}") from None
 

@@ -132,8 +132,7 @@ def answer(question: str, history: Sequence[dict[str, Any]], scene: Scene) -> li
     out: list[str] = []
     for intent in intents_for(question, history, RULES):
         out.extend(_SPECS[intent].compose(scene, now, q, yes_no))
-    seen: set[str] = set()
-    return [s for s in out if not (s in seen or seen.add(s))]  # one intent may repeat another's line
+    return list(dict.fromkeys(out))  # one intent may repeat another's line: each once, in order
 
 
 def needs_reading(question: str, history: Sequence[dict[str, Any]]) -> bool:

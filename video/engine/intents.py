@@ -111,7 +111,7 @@ def intents_for(question: str, history: Sequence[dict[str, Any]], rules: Rules) 
     if intents == [Intent.FOLLOW_UP]:
         for turn in reversed(history):
             if turn.get("role") == "user" and isinstance(turn.get("content"), str):
-                earlier = [i for i in parse(turn["content"], rules) if i is not Intent.FOLLOW_UP]
+                earlier: list[Intent] = [i for i in parse(turn["content"], rules) if i is not Intent.FOLLOW_UP]
                 if earlier:
                     return earlier
         return [Intent.DESCRIBE]

@@ -150,8 +150,10 @@ def measure(
     gray = cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
     small = _resize_to_width(gray, 320)  # sharpness at a fixed scale, whatever the frame size
     third = THUMB_SIZE[0] // 3
-    run = perception is not None and (models or read)
-    seen = perception.observe(img, models=models, read=read) if run else Observations()
+    if perception is not None and (models or read):
+        seen = perception.observe(img, models=models, read=read)
+    else:
+        seen = Observations()
     return FrameStats(
         brightness=float(cv2.cvtColor(thumb, cv2.COLOR_BGR2HSV)[..., 2].mean()),
         sharpness=float(cv2.Laplacian(small, cv2.CV_32F).var()),
@@ -315,7 +317,9 @@ def _view_shift(first: np.ndarray, last: np.ndarray) -> str | None:
     h, w = grey_first.shape
     if response < 0.3 or max(abs(dx) / w, abs(dy) / h) < 0.04:
         return None
-    moved = cv2.warpAffine(first, np.float32([[1, 0, dx], [0, 1, dy]]), (w, h), borderMode=cv2.BORDER_REPLICATE)
+    moved = cv2.warpAffine(
+        first, np.array([[1, 0, dx], [0, 1, dy]], np.float32), (w, h), borderMode=cv2.BORDER_REPLICATE
+    )
     inner = (slice(h // 8, h - h // 8), slice(w // 8, w - w // 8))  # away from the edges the shift uncovers
     before = _differs(last, first)[inner].mean()
     after = _differs(last, moved)[inner].mean()

@@ -216,8 +216,8 @@ class RealtimeConsumer(SessionConsumer):
             await self.refuse(err)
         except Exception:  # a bug or an engine failure in one handler: report it, keep the session
             logger.exception("realtime event handler failed")
-            err = RealtimeError("The server could not handle the event", code="server_error", type="server_error")
-            await self.refuse(err, ErrorKind.ENGINE)
+            failure = RealtimeError("The server could not handle the event", code="server_error", type="server_error")
+            await self.refuse(failure, ErrorKind.ENGINE)
 
     async def on_session_update(self, event: events.SessionUpdateEvent) -> None:
         with for_event(event.event_id):

@@ -341,7 +341,12 @@ def parse_event(
         raise RealtimeError(f"'{excerpt(kind)}' {what}", param="type", code="invalid_event_type", event_id=event_id)
     item = msg.get("item")
     item_type = item.get("type") if isinstance(item, dict) else None
-    if kind == "conversation.item.create" and isinstance(item_type, str) and item_type in ITEM_CREATE_EVENTS:
+    if (
+        kind == "conversation.item.create"
+        and isinstance(item, dict)
+        and isinstance(item_type, str)
+        and item_type in ITEM_CREATE_EVENTS
+    ):
         if "role" in item or "content" in item:  # a message's fields: the wrong type, more likely than extras
             raise RealtimeError(
                 f"Invalid value for 'item.type': '{item_type}' items have no role or content; "

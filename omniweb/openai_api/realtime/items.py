@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from omniweb.base.protocol import excerpt
 from omniweb.conversation.chunks import WordTiming
@@ -239,7 +239,8 @@ class Conversation:
                     content = f"{prev.content} {text}" if prev.content else text
                     out[-1] = HistoryEntry(role="assistant", content=content, calls=prev.calls)
                 else:
-                    out.append({"role": item.role, "content": text})
+                    # a message: only calls and outputs (handled above) have no role
+                    out.append({"role": cast(str, item.role), "content": text})
             else:
                 continue
             last = item

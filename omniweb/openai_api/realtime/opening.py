@@ -45,7 +45,8 @@ def session_from_query(query_string: bytes, voices: Mapping[str, str]) -> AnySes
     """The session a client connects to: ``?model=`` (at most 128 characters) and ``?intent=``."""
     query = parse_qs(query_string.decode("latin1"))
     model = (query.get("model") or [DEFAULT_MODEL])[0][:128]
-    intent = (query.get("intent") or [None])[0]  # "transcription": a transcription session
+    intents = query.get("intent")
+    intent = intents[0] if intents else None  # "transcription": a transcription session
     return new_session(voices, model=model, intent=intent)
 
 

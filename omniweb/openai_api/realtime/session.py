@@ -216,6 +216,10 @@ class AudioConfig(_Strict):
 Modality = Literal["text", "audio"]
 
 
+def _audio_only() -> list[Modality]:
+    return ["audio"]
+
+
 def _check_modalities(value: list[str]) -> list[str]:
     if not value:
         raise ValueError("expected ['text'] or ['audio']")
@@ -238,7 +242,7 @@ class _SessionBase(_Strict):
 
     @property
     def turn_detection(self) -> ServerVad | SemanticVad | None:
-        return self.audio.input.turn_detection  # type: ignore[attr-defined]  (each session's field)
+        return self.audio.input.turn_detection  # type: ignore[attr-defined]  # each session's own field
 
     @property
     def responds(self) -> bool:
@@ -396,8 +400,10 @@ class _ResponseOptions(_Strict):
             raise ValueError("expected 'auto', 'none', 'required' or {'type': 'function', 'name': ...}")
         if choice not in ("auto", "none") and not _language_model(info):
             raise ValueError(f"tool calling {NEEDS_MODEL}")
+        # A session's choice is checked against the tools when a response is created: clients set it
+        # before their tools (pipecat's and LiveKit's first session.update carries the choice alone).
         tools = info.data.get("tools")
-        if tools is not None:  # unset (response.create): checked with the session's at the response
+        if cls._inherits and tools is not None:  # response.create's own tools and choice
             check_tool_choice(choice, tools)
         return choice
 
@@ -412,7 +418,7 @@ class Session(_ResponseOptions, _SessionBase):
     id: str = Field(default_factory=lambda: new_id("sess"))
     expires_at: int = 0
     model: str = DEFAULT_MODEL
-    output_modalities: list[Modality] = Field(default_factory=lambda: ["audio"])
+    output_modalities: list[Modality] = Field(default_factory=_audio_only)
     instructions: str = Field(default="", max_length=MAX_INSTRUCTIONS_CHARS)
     audio: AudioConfig = Field(default_factory=AudioConfig)
     tracing: None = None  # accepted and ignored: this server has no OpenAI tracing

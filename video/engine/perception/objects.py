@@ -148,7 +148,12 @@ def export(weights: Path) -> bytes:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
         torch.onnx.export(
-            model, torch.zeros(1, 3, 224, 224), exported, dynamo=False, input_names=["x"], output_names=["logits"]
+            model,
+            (torch.zeros(1, 3, 224, 224),),
+            exported,  # type: ignore[arg-type]  # the TorchScript exporter writes to a file; torch annotates paths
+            dynamo=False,
+            input_names=["x"],
+            output_names=["logits"],
         )
     return exported.getvalue()
 
