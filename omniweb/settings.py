@@ -223,7 +223,9 @@ LLM_TIMEOUT = env_float("LLM_TIMEOUT", 30.0)  # server: seconds to connect, and 
 LLM_MAX_TOKENS = env_int("LLM_MAX_TOKENS", 512)  # an answer's length cap (a client may ask for less)
 LLM_CONTEXT = env_int("LLM_CONTEXT", 4096)  # tokens of context per answer: the oldest turns go past it
 LLM_PARALLEL = env_int("LLM_PARALLEL", 4)  # embedded: answers decoded together (llama.cpp slots)
-LLM_THREADS = env_int("LLM_THREADS", 2)  # embedded: CPU threads of the model
+# embedded: CPU threads of the model; half the cores by default, the rest for the engine's workers
+# (the model's threads are not the scheduler's: on 2 cores, two of them slowed speech recognition).
+LLM_THREADS = env_int("LLM_THREADS", max(1, (os.cpu_count() or 2) // 2))
 # How function calls and their outputs reach the model: "native" (tool messages), "text" (as
 # sentences, for chat templates without tool support) or "auto" (asked of the model once).
 LLM_TOOL_MESSAGES = env_str("LLM_TOOL_MESSAGES", "auto")

@@ -17,14 +17,17 @@ from omniweb.engine.requests import FunctionTool, HistoryEntry, ToolChoice
 
 from .chat import Forced
 
+# Nothing about a camera here: a turn without frames would make a model invent one. The facts, when
+# there are any, come with the question and say themselves what they are (``FACTS_LEAD``).
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful voice assistant. Your answers are read aloud: answer briefly, in plain "
-    "sentences, with no markdown, lists or emoji. When the user's message says what the camera "
-    "shows, use it for questions about what is in front of the camera; it was measured by vision "
-    "models and can be wrong. For other questions, answer from what you know."
+    "sentences, with no markdown, lists or emoji."
 )
 DEFAULT_QUESTION = "What do you see?"
-FACTS_LEAD = "What the camera shows now, as on-device vision models measured it (they can be wrong): "
+FACTS_LEAD = (
+    "What the camera shows now, as on-device vision models measured it (they can be wrong; use it "
+    "for questions about what is in front of the camera): "
+)
 CHARS_PER_TOKEN = 3  # a cautious estimate of English text, to keep a prompt inside the context
 
 
