@@ -130,3 +130,30 @@ def requests_seen(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
         monkeypatch.setattr(cls, "stream", spy)
     return seen
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's Chromium under Playwright (``support.page_frames.launch``: fake camera and microphone)."""
+    from playwright.sync_api import sync_playwright
+    from support.page_frames import launch
+
+    with sync_playwright() as p:
+        b = launch(p)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh page; an uncaught error in it fails the test (``page.errors`` lists them)."""
+    # bypass_csp: the tests' own wait_for_function strings are eval'd in the page, which the pages'
+    # CSP (script-src 'self') forbids; test_pages_run_under_their_csp checks the pages with it on.
+    context = browser.new_context(viewport={"width": 1100, "height": 900}, bypass_csp=True)
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.errors = errors
+    yield pg
+    context.close()
+    assert not errors, f"uncaught errors in the page: {errors}"

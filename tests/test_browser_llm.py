@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from support.llm import EMBEDDED_ENV
-from support.page_frames import CHROMIUM, Frames, launch, shot
+from support.page_frames import CHROMIUM, Frames, shot
 from support.servers import live_daphne
 
 RATE = 24000
@@ -32,28 +32,6 @@ def base_url() -> Iterator[str]:
     """daphne with the llm thinker: SmolLM2 embedded in the server's process (the page's origin is 127.0.0.1)."""
     with live_daphne(**EMBEDDED_ENV) as base:
         yield base
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = launch(p)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    # bypass_csp: the test's wait_for_function strings are eval'd in the page, which its CSP forbids.
-    context = browser.new_context(viewport={"width": 1100, "height": 900}, bypass_csp=True)
-    pg = context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield pg
-    context.close()
-    assert not errors, f"uncaught errors in the page: {errors}"
 
 
 def number(pg: Any, selector: str) -> int:

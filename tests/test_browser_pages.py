@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.page_frames import CHROMIUM, SCREENSHOTS, Frames, launch, shot
+from support.page_frames import CHROMIUM, SCREENSHOTS, Frames, shot
 from support.servers import free_port, live_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,30 +38,6 @@ def base_url() -> Iterator[str]:
     args = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "omniweb.asgi:application"]
     with live_server(args, port, OMNIWEB_ENGINE_MAX_AHEAD_SECONDS="2") as base:
         yield base
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = launch(p)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    # bypass_csp: the tests' own wait_for_function strings are eval'd in the page, which the pages'
-    # CSP (script-src 'self') forbids; test_pages_run_under_their_csp checks the pages with it on.
-    context = browser.new_context(viewport={"width": 1100, "height": 900}, bypass_csp=True)
-    pg = context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda exc: errors.append(str(exc)))
-    pg.errors = errors
-    yield pg
-    context.close()
-    assert not errors, f"uncaught errors in the page: {errors}"
 
 
 def number(pg: Any, selector: str) -> int:

@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 import pytest
 from django.test import override_settings
-from support.engine import typed_request
+from support.engine import WireSink, typed_request
 from support.upstream import Handler, Upstream, calls, endless, serve, status, stream
 
 from omniweb.engine.messages import Chunk, End, PcmAudio, ToolCall, to_wire
@@ -85,18 +85,11 @@ def frame(bgr: tuple[int, int, int], fmt: str = ".jpg") -> bytes:
     return data.tobytes()
 
 
-def run_turn(sched: Scheduler, request: dict[str, Any], timeout: float = 20) -> list[dict[str, Any]]:
-    chunks: list[dict[str, Any]] = []
-    ended = threading.Event()
-
-    def sink(chunk: Chunk) -> None:
-        chunks.append(to_wire(chunk))
-        if isinstance(chunk, End):
-            ended.set()
-
+def run_turn(sched: Scheduler, request: dict[str, Any], timeout: float = 60) -> list[dict[str, Any]]:
+    sink = WireSink()
     sched.submit(f"r{time.monotonic_ns()}", typed_request(AnswerRequest, **request), sink)
-    assert ended.wait(timeout), [c["type"] for c in chunks]
-    return chunks
+    assert sink.ended.wait(timeout), [c["type"] for c in sink.chunks]
+    return sink.chunks
 
 
 def text_of(chunks: list[dict[str, Any]]) -> str:

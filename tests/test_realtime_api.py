@@ -23,6 +23,7 @@ import pytest
 import websockets
 from hibari import Hibari
 from support.photos import jpeg, photo
+from support.realtime import recv, until
 from support.servers import live_daphne
 
 TOKEN = "test-token-for-the-realtime-api"
@@ -62,21 +63,6 @@ async def conn(base: str) -> AsyncIterator[Any]:
         assert created.type == "session.created"
         yield connection
     await client.close()
-
-
-async def recv(conn: Any, timeout: float = 60) -> Any:
-    return await asyncio.wait_for(conn.recv(), timeout)
-
-
-async def until(conn: Any, kind: str, timeout: float = 120) -> list[Any]:
-    """Events up to and including the first of type ``kind``."""
-    events = []
-    deadline = time.monotonic() + timeout
-    while True:
-        event = await recv(conn, max(0.1, deadline - time.monotonic()))
-        events.append(event)
-        if event.type == kind:
-            return events
 
 
 async def expect_error(conn: Any, param: str | None = None, code: str | None = None) -> Any:

@@ -11,7 +11,6 @@ the default scene thinker (no language model) refuses tools and keeps the sessio
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import io
@@ -29,6 +28,7 @@ import openai
 import pytest
 from hibari import Hibari
 from support.llm import llm_daphne
+from support.realtime import recv, until
 from support.servers import live_daphne
 
 TOKEN = "test-token-for-the-realtime-llm"
@@ -129,21 +129,6 @@ async def connected(base: str) -> AsyncIterator[Any]:
 async def conn(base: str) -> AsyncIterator[Any]:
     async with connected(base) as connection:
         yield connection
-
-
-async def recv(conn: Any, timeout: float = 60) -> Any:
-    return await asyncio.wait_for(conn.recv(), timeout)
-
-
-async def until(conn: Any, kind: str, timeout: float = 180) -> list[Any]:
-    """Events up to and including the first of type ``kind``."""
-    events = []
-    deadline = time.monotonic() + timeout
-    while True:
-        event = await recv(conn, max(0.1, deadline - time.monotonic()))
-        events.append(event)
-        if event.type == kind:
-            return events
 
 
 async def configure(conn: Any, **session: Any) -> Any:

@@ -5,7 +5,9 @@ event names which item, response or conversation, and the audio as ``<base64 N b
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,3 +34,19 @@ def normalized(payloads: Iterable[dict[str, Any]], known: Iterable[str] = ()) ->
     for value in known:
         norm.text(value)
     return [norm.value(p) for p in payloads]
+
+
+async def recv(conn: Any, timeout: float = 60) -> Any:
+    """The official SDK realtime connection's next event, within ``timeout`` seconds."""
+    return await asyncio.wait_for(conn.recv(), timeout)
+
+
+async def until(conn: Any, kind: str, timeout: float = 180) -> list[Any]:
+    """The SDK connection's events up to and including the first of type ``kind``."""
+    events = []
+    deadline = time.monotonic() + timeout
+    while True:
+        event = await recv(conn, max(0.1, deadline - time.monotonic()))
+        events.append(event)
+        if event.type == kind:
+            return events
