@@ -179,16 +179,25 @@ async def test_openai_agents_realtime_agent_answers_by_voice_and_yields_to_barge
         await until("audio")  # the spoken question's answer has begun
         await say()  # spoken over it
         await until("audio_interrupted")
-        await until("audio_end")  # the second question's answer
-        answers = [
-            getattr(part, "transcript", None) or ""
-            for item in session._history
-            if getattr(item, "role", None) == "assistant"
-            for part in item.content
-        ]
+
+        def answers() -> list[str]:
+            return [
+                getattr(part, "transcript", None) or ""
+                for item in session._history
+                if getattr(item, "role", None) == "assistant"
+                for part in item.content
+            ]
+
+        async def answered() -> None:
+            # The interrupted answer may end (audio_end) after audio_interrupted: wait for the
+            # second question's answer, the third assistant item, to end with its words.
+            while len(answers()) < 3 or not answers()[-1]:
+                await until("audio_end")
+
+        await asyncio.wait_for(answered(), 120)
     assert errors == []
     assert seen.count("audio_interrupted") >= 1
-    assert "person" in answers[-1].lower(), answers
+    assert "person" in answers()[-1].lower(), answers()
 
 
 # -- pipecat-ai ---------------------------------------------------------------------------------------
