@@ -8,124 +8,41 @@ official SDK parses."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
-from support.realtime_parts import VOICES, RecordingEngine, Wire, pcm, refusal, session
+from support.realtime_parts import ScriptedResponses, pcm, refusal, session
 
 from omniweb.base.errors import ErrorKind
-from omniweb.conversation import TextDelta, Transcript, TurnEnd, TurnEvent, TurnSpec
+from omniweb.conversation import TextDelta, Transcript, TurnEnd
 from omniweb.engine.messages import Status
 from omniweb.openai_api.realtime.audio import to_engine_rate
-from omniweb.openai_api.realtime.conversation_items import ConversationItems
 from omniweb.openai_api.realtime.errors import RealtimeError
-from omniweb.openai_api.realtime.events import ItemTruncateEvent, ResponseCancelEvent, ResponseCreateEvent
-from omniweb.openai_api.realtime.items import Item
-from omniweb.openai_api.realtime.opening import new_core
-from omniweb.openai_api.realtime.responding import Responses
+from omniweb.openai_api.realtime.events import ItemTruncateEvent, ResponseCancelEvent
 from omniweb.openai_api.realtime.session import AnySession
 
 TEXT = {"output_modalities": ["text"]}
 DONE = "response.done"
 
 
-class Parts:
-    """A session's responses as its consumer wires them, over a core whose turns are scripted:
-    each turn yields ``script`` then, when ``endless``, runs until it is stopped."""
-
-    def __init__(self, config: AnySession, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.config = config
-        self.wire = Wire()
-        self.engine = RecordingEngine()
-        self.refused: list[tuple[str | None, ErrorKind | None]] = []
-        self.transcribed: list[tuple[Item, Sequence[str]]] = []
-        self.idle = 0
-        self.specs: list[TurnSpec] = []
-        self.script: list[TurnEvent] = []
-        self.endless = False
-        self.core = new_core(self.engine, on_idle=lambda: None, on_decode_failed=lambda _: None)  # type: ignore[arg-type]
-        assert self.core.frames is not None
-        self.items = ConversationItems(
-            self.wire.send, self.core.frames, transcribe=lambda item: None, stop_writing=self._stop_writing
-        )
-        self.responses = Responses(
-            self.core,
-            self.items,
-            self.wire.send,
-            self._refuse,
-            session=lambda: self.config,
-            voices=VOICES | {"ash": "bella"},
-            transcribed=self._transcribed,
-            stopped=lambda: False,
-            on_idle=self._on_idle,
-        )
-        parts = self
-
-        def run(spec: TurnSpec, engine: Any) -> AsyncIterator[TurnEvent]:
-            parts.specs.append(spec)
-            return parts._events()
-
-        monkeypatch.setattr(TurnSpec, "run", run)
-
-    async def _events(self) -> AsyncIterator[TurnEvent]:
-        for event in self.script:
-            yield event
-        if self.endless:
-            await asyncio.Event().wait()
-
-    async def _stop_writing(self, item_id: str) -> None:
-        await self.responses.stop_writing(item_id)
-
-    async def _refuse(self, err: RealtimeError, kind: ErrorKind | None) -> None:
-        self.refused.append((err.code, kind))
-
-    async def _transcribed(self, item: Item, segments: Sequence[str]) -> None:
-        self.transcribed.append((item, segments))
-
-    def _on_idle(self) -> None:
-        self.idle += 1
-
-    def say(self, role: str, text: str, **fields: Any) -> Item:
-        kind = "output_text" if role == "assistant" else "input_text"
-        item = Item(id=f"item_{len(self.items.conversation.items)}", role=role, content=[{"type": kind, "text": text}])  # type: ignore[arg-type]
-        for name, value in fields.items():
-            setattr(item, name, value)
-        self.items.add(item, None, None)
-        return item
-
-    async def create(self, event_id: str | None = None, **response: Any) -> None:
-        event = ResponseCreateEvent(type="response.create", response=response or None, event_id=event_id)
-        await self.responses.on_create(event)
-
-    async def answered(self) -> list[dict[str, Any]]:
-        """Until the response is done: every event sent."""
-        while DONE not in self.wire.types():
-            await asyncio.sleep(0)
-        return self.wire.sent
-
-    async def written(self, kind: str) -> None:
-        while kind not in self.wire.types():
-            await asyncio.sleep(0)
-
-
 @pytest.fixture
-async def opened(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[list[Parts]]:
-    made: list[Parts] = []
+async def opened(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[list[ScriptedResponses]]:
+    made: list[ScriptedResponses] = []
     yield made
     for parts in made:
         await parts.core.close()
         parts.items.close()
 
 
-def opening(made: list[Parts], monkeypatch: pytest.MonkeyPatch, config: AnySession | None = None) -> Parts:
-    made.append(Parts(config or session(), monkeypatch))
+def opening(
+    made: list[ScriptedResponses], monkeypatch: pytest.MonkeyPatch, config: AnySession | None = None
+) -> ScriptedResponses:
+    made.append(ScriptedResponses(config or session(), monkeypatch))
     return made[-1]
 
 
 async def test_a_response_is_one_turn_over_the_conversation(
-    opened: list[Parts], monkeypatch: pytest.MonkeyPatch
+    opened: list[ScriptedResponses], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parts = opening(opened, monkeypatch, session(instructions="Be brief."))
     parts.say("system", "Answer in English.")
@@ -162,7 +79,7 @@ async def test_a_response_is_one_turn_over_the_conversation(
 
 
 async def test_a_spoken_question_is_heard_by_the_turn_and_its_transcript_kept(
-    opened: list[Parts], monkeypatch: pytest.MonkeyPatch
+    opened: list[ScriptedResponses], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parts = opening(opened, monkeypatch)
     spoken = parts.say("user", "", audio=pcm(300))
@@ -179,7 +96,7 @@ async def test_a_spoken_question_is_heard_by_the_turn_and_its_transcript_kept(
 
 
 async def test_without_a_question_the_response_fails_at_once(
-    opened: list[Parts], monkeypatch: pytest.MonkeyPatch
+    opened: list[ScriptedResponses], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parts = opening(opened, monkeypatch)
     await parts.create(**TEXT)
@@ -195,7 +112,7 @@ async def test_without_a_question_the_response_fails_at_once(
 
 
 async def test_one_response_at_a_time_and_a_cancel_stops_it(
-    opened: list[Parts], monkeypatch: pytest.MonkeyPatch
+    opened: list[ScriptedResponses], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parts = opening(opened, monkeypatch)
     parts.say("user", "Who is there?")
@@ -227,7 +144,7 @@ async def test_one_response_at_a_time_and_a_cancel_stops_it(
 
 
 async def test_the_readers_interrupt_stops_the_turn_and_the_cancel_then_closes_it(
-    opened: list[Parts], monkeypatch: pytest.MonkeyPatch
+    opened: list[ScriptedResponses], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parts = opening(opened, monkeypatch)
     parts.say("user", "Who is there?")
@@ -242,7 +159,7 @@ async def test_the_readers_interrupt_stops_the_turn_and_the_cancel_then_closes_i
 
 
 async def test_a_truncate_of_the_answer_being_written_cancels_it_first(
-    opened: list[Parts], monkeypatch: pytest.MonkeyPatch
+    opened: list[ScriptedResponses], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parts = opening(opened, monkeypatch)
     parts.say("user", "Who is there?")
@@ -260,7 +177,7 @@ async def test_a_truncate_of_the_answer_being_written_cancels_it_first(
 
 
 async def test_a_refused_turn_is_an_error_then_a_failed_response(
-    opened: list[Parts], monkeypatch: pytest.MonkeyPatch
+    opened: list[ScriptedResponses], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parts = opening(opened, monkeypatch)
     parts.say("user", "Who is there?")
@@ -272,7 +189,7 @@ async def test_a_refused_turn_is_an_error_then_a_failed_response(
 
 
 async def test_a_transcription_session_creates_no_responses(
-    opened: list[Parts], monkeypatch: pytest.MonkeyPatch
+    opened: list[ScriptedResponses], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parts = opening(opened, monkeypatch, session(intent="transcription"))
     with pytest.raises(RealtimeError) as refused:

@@ -17,18 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.types.realtime import RealtimeConversationItemFunctionCall, RealtimeConversationItemFunctionCallOutput
 from support.realtime import normalized, sdk_parses
-from support.realtime_parts import VOICES, RecordingEngine, Wire
+from support.realtime_parts import VOICES, ScriptedResponses
 
-from omniweb.conversation import AudioChunk, TextDelta, ToolCall, TurnEnd, TurnEvent, TurnSpec, Usage
+from omniweb.conversation import AudioChunk, TextDelta, ToolCall, TurnEnd, Usage
 from omniweb.engine.messages import Status
 from omniweb.engine.requests import FunctionCall, FunctionTool, HistoryEntry, ToolChoice
 from omniweb.openai_api.realtime import server_events
-from omniweb.openai_api.realtime.conversation_items import ConversationItems
 from omniweb.openai_api.realtime.errors import RealtimeError, error_event, new_id
 from omniweb.openai_api.realtime.events import ResponseParams, parse_event
 from omniweb.openai_api.realtime.items import Conversation, Item, last_turns
-from omniweb.openai_api.realtime.opening import new_core
-from omniweb.openai_api.realtime.responding import Responses
 from omniweb.openai_api.realtime.responses import ResponseStream, Tools
 from omniweb.openai_api.realtime.session import Session, new_session, update_session
 
@@ -191,52 +188,12 @@ def test_response_create_takes_tools_and_overrides_the_sessions() -> None:
 
 
 # -- items ---------------------------------------------------------------------------------------
-class Parts:
+class Parts(ScriptedResponses):
     """A session's items and responses as its consumer wires them, over a core whose turns are
     scripted (``script``: the turn's events; ``specs``: the turns asked for)."""
 
     def __init__(self, config: Session, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.config = config
-        self.wire = Wire()
-        self.refused: list[str | None] = []
-        self.specs: list[TurnSpec] = []
-        self.script: list[TurnEvent] = []
-        self.core = new_core(RecordingEngine(), on_idle=lambda: None, on_decode_failed=lambda _: None)  # type: ignore[arg-type]
-        assert self.core.frames is not None
-        self.items = ConversationItems(
-            self.wire.send, self.core.frames, transcribe=lambda item: None, stop_writing=self._stop_writing
-        )
-        self.responses = Responses(
-            self.core,
-            self.items,
-            self.wire.send,
-            self._refuse,
-            session=lambda: self.config,
-            voices=VOICES,
-            transcribed=self._transcribed,
-            stopped=lambda: False,
-            on_idle=lambda: None,
-        )
-        parts = self
-
-        def run(spec: TurnSpec, engine: Any) -> AsyncIterator[TurnEvent]:
-            parts.specs.append(spec)
-            return parts._events()
-
-        monkeypatch.setattr(TurnSpec, "run", run)
-
-    async def _events(self) -> AsyncIterator[TurnEvent]:
-        for event in self.script:
-            yield event
-
-    async def _stop_writing(self, item_id: str) -> None:
-        await self.responses.stop_writing(item_id)
-
-    async def _refuse(self, err: RealtimeError, kind: Any) -> None:
-        self.refused.append(err.code)
-
-    async def _transcribed(self, item: Item, segments: Any) -> None:
-        pass
+        super().__init__(config, monkeypatch, voices=VOICES)
 
     async def send(self, event: dict[str, Any]) -> None:
         """A client event, parsed as the consumer parses it, to its handler."""

@@ -1,15 +1,27 @@
 """A Realtime session's parts as the tests drive them without a socket: ``Wire`` keeps what a part
 sends (each event one the official SDK parses), ``session`` is the effective session after a client's
 ``session.update``, ``refusal`` the ``error`` event a refused event is answered with; PCM16 24 kHz of
-a given length, base64 and data URLs, an engine that only records aborts."""
+a given length, base64 and data URLs, an engine that only records aborts, and ``ScriptedResponses``:
+a session's items and responses wired as its consumer wires them, over scripted turns."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import pytest
+
+from omniweb.base.errors import ErrorKind
+from omniweb.conversation import TurnEvent, TurnSpec
 from omniweb.openai_api.protocol import OPENAI_VOICES
+from omniweb.openai_api.realtime.conversation_items import ConversationItems
 from omniweb.openai_api.realtime.errors import RealtimeError, error_event
+from omniweb.openai_api.realtime.events import ResponseCreateEvent
+from omniweb.openai_api.realtime.items import Item
+from omniweb.openai_api.realtime.opening import new_core
+from omniweb.openai_api.realtime.responding import Responses
 from omniweb.openai_api.realtime.session import AnySession, new_session, update_session
 from support.realtime import normalized, sdk_parses
 
@@ -76,3 +88,84 @@ class RecordingEngine:
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
+
+
+class ScriptedResponses:
+    """A session's responses as its consumer wires them, over a core whose turns are scripted:
+    each turn yields ``script`` then, when ``endless``, runs until it is stopped."""
+
+    def __init__(
+        self, config: AnySession, monkeypatch: pytest.MonkeyPatch, voices: dict[str, str] = VOICES | {"ash": "bella"}
+    ) -> None:
+        self.config = config
+        self.wire = Wire()
+        self.engine = RecordingEngine()
+        self.refused: list[tuple[str | None, ErrorKind | None]] = []
+        self.transcribed: list[tuple[Item, Sequence[str]]] = []
+        self.idle = 0
+        self.specs: list[TurnSpec] = []
+        self.script: list[TurnEvent] = []
+        self.endless = False
+        self.core = new_core(self.engine, on_idle=lambda: None, on_decode_failed=lambda _: None)  # type: ignore[arg-type]
+        assert self.core.frames is not None
+        self.items = ConversationItems(
+            self.wire.send, self.core.frames, transcribe=lambda item: None, stop_writing=self._stop_writing
+        )
+        self.responses = Responses(
+            self.core,
+            self.items,
+            self.wire.send,
+            self._refuse,
+            session=lambda: self.config,
+            voices=voices,
+            transcribed=self._transcribed,
+            stopped=lambda: False,
+            on_idle=self._on_idle,
+        )
+        parts = self
+
+        def run(spec: TurnSpec, engine: Any) -> AsyncIterator[TurnEvent]:
+            parts.specs.append(spec)
+            return parts._events()
+
+        monkeypatch.setattr(TurnSpec, "run", run)
+
+    async def _events(self) -> AsyncIterator[TurnEvent]:
+        for event in self.script:
+            yield event
+        if self.endless:
+            await asyncio.Event().wait()
+
+    async def _stop_writing(self, item_id: str) -> None:
+        await self.responses.stop_writing(item_id)
+
+    async def _refuse(self, err: RealtimeError, kind: ErrorKind | None) -> None:
+        self.refused.append((err.code, kind))
+
+    async def _transcribed(self, item: Item, segments: Sequence[str]) -> None:
+        self.transcribed.append((item, segments))
+
+    def _on_idle(self) -> None:
+        self.idle += 1
+
+    def say(self, role: str, text: str, **fields: Any) -> Item:
+        kind = "output_text" if role == "assistant" else "input_text"
+        item = Item(id=f"item_{len(self.items.conversation.items)}", role=role, content=[{"type": kind, "text": text}])  # type: ignore[arg-type]
+        for name, value in fields.items():
+            setattr(item, name, value)
+        self.items.add(item, None, None)
+        return item
+
+    async def create(self, event_id: str | None = None, **response: Any) -> None:
+        event = ResponseCreateEvent(type="response.create", response=response or None, event_id=event_id)
+        await self.responses.on_create(event)
+
+    async def answered(self) -> list[dict[str, Any]]:
+        """Until the response is done: every event sent."""
+        while "response.done" not in self.wire.types():
+            await asyncio.sleep(0)
+        return self.wire.sent
+
+    async def written(self, kind: str) -> None:
+        while kind not in self.wire.types():
+            await asyncio.sleep(0)

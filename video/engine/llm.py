@@ -55,6 +55,7 @@ def packaged_model(package: str, filename: str) -> str | None:
 
 class LlmThinker:
     name = "llm"
+    language_model = True
 
     def __init__(
         self,

@@ -62,7 +62,6 @@ class ThinkerState:
     error: str | None = None
     text: list[str] = field(default_factory=list)
     sentences: SentenceStream = field(default_factory=SentenceStream)
-    usage: tuple[int, int] | None = None  # the language model's (prompt, completion) tokens
 
 
 @dataclass
@@ -88,8 +87,13 @@ class ThinkerLoop:
         slots[TEXT_IN_DONE] = not speak  # text only: the talker and vocoder finish without a step
         question = request.question
         listening = bool(request.audio) and (not question.strip() or request.transcribe)
-        state = ThinkerState(request=request, slots=slots, speak=speak, listening=listening)
-        state.sentences = SentenceStream(first_clause=isinstance(self._thinker, LlmThinker))
+        state = ThinkerState(
+            request=request,
+            slots=slots,
+            speak=speak,
+            listening=listening,
+            sentences=SentenceStream(first_clause=self._thinker.language_model),
+        )
         if listening:
             state.recognition = self._recognizer.start(request.audio, AsrOptions())
         return state
@@ -183,8 +187,6 @@ class ThinkerLoop:
         if thought.run is not None:
             state.run = thought.run
         self._add(state, [d for d in thought.deltas if isinstance(d, str)])
-        if state.run is not None:
-            state.usage = state.run.usage or state.usage
         if thought.error is not None:
             state.error = thought.error
             state.done = True
@@ -215,7 +217,8 @@ class ThinkerLoop:
 
     def finalize(self, state: ThinkerState) -> dict[str, Any]:
         self.release(state)
-        return {"text": "".join(state.text), "transcript": state.transcript, "error": state.error, "usage": state.usage}
+        usage = state.run.usage if state.run is not None else None  # the model's (prompt, completion)
+        return {"text": "".join(state.text), "transcript": state.transcript, "error": state.error, "usage": usage}
 
     def release(self, state: ThinkerState) -> None:
         """Close an upstream stream now, also when the turn is interrupted (the scheduler calls this)."""
@@ -243,9 +246,8 @@ class VideoTurnPipeline:
         names = {t.name for t in answer.tools}
         if answer.tool_choice is ToolChoice.FUNCTION and answer.tool_name not in names:
             raise ValueError("tool_name must name one of the tools")
-        if (answer.tools or answer.tool_choice in (ToolChoice.REQUIRED, ToolChoice.FUNCTION)) and not isinstance(
-            self.thinker, LlmThinker
-        ):
+        forced = answer.tool_choice in (ToolChoice.REQUIRED, ToolChoice.FUNCTION)
+        if (answer.tools or forced) and not self.thinker.language_model:
             raise ValueError("tool calling needs a language model (OMNIWEB_THINKER=llm)")
         if not set(answer.modalities) <= set(MODALITIES):
             raise ValueError("modalities must be a subset of ['text', 'audio']")
@@ -253,20 +255,16 @@ class VideoTurnPipeline:
 
     def finish(self, finals: list[dict[str, Any]]) -> End:
         thought = finals[0]
-        usage = thought["usage"] or (None, None)
+        prompt_tokens, completion_tokens = thought["usage"] or (None, None)
+        result = {
+            "text": thought["text"],
+            "transcript": thought["transcript"],
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+        }
         if thought["error"] is not None:  # the language model failed: what was streamed, and why
-            return End(
-                status=Status.ERROR,
-                kind=ErrorKind.UPSTREAM,
-                message=thought["error"],
-                text=thought["text"],
-                transcript=thought["transcript"],
-                prompt_tokens=usage[0],
-                completion_tokens=usage[1],
-            )
-        return End(
-            text=thought["text"], transcript=thought["transcript"], prompt_tokens=usage[0], completion_tokens=usage[1]
-        )
+            return End(status=Status.ERROR, kind=ErrorKind.UPSTREAM, message=thought["error"], **result)
+        return End(**result)
 
 
 def make_thinker() -> Thinker:

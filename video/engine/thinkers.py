@@ -85,6 +85,7 @@ class WaitableRun(Protocol):
 
 class Thinker(Protocol):
     name: str
+    language_model: bool  # it generates: instructions, tools and clause-by-clause speech apply
 
     def start(self, turn: Turn) -> ThinkerRun:
         """Begin a turn; runs on an engine worker (it may block briefly, e.g. to connect)."""
@@ -98,6 +99,7 @@ class SceneThinker:
     """
 
     name = "scene"
+    language_model = False
 
     def __init__(self) -> None:
         self.perception = perception.shared()  # models loaded once per engine process
