@@ -1,5 +1,13 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from django.apps import AppConfig
 from django.conf import settings
+from django.core.signals import setting_changed
+
+if TYPE_CHECKING:
+    from .engine.contracts import Pipeline
 
 
 class OmniwebConfig(AppConfig):
@@ -7,17 +15,38 @@ class OmniwebConfig(AppConfig):
     verbose_name = "omniweb runtime"
 
     def ready(self) -> None:
-        from .asr import pipeline as asr
-        from .asr import turn_engine, vad_engine
+        from .engine.requests import END_OF_TURN, TRANSCRIBE, VAD
         from .engine.runtime import register_pipeline
+        from .wiring import configure_core, reconfigure_core
 
+        configure_core()
+        setting_changed.connect(reconfigure_core, dispatch_uid="omniweb.wiring")
         # The models load when the engine starts (workers only): Silero VAD, Smart Turn (semantic_vad),
-        # Whisper (every transcription).
-        register_pipeline(vad_engine.PIPELINE, vad_engine.VadPipeline)
-        register_pipeline(turn_engine.PIPELINE, turn_engine.TurnPipeline)
-        register_pipeline(asr.PIPELINE, asr.TranscribePipeline)
+        # Whisper (every transcription). Their modules are imported then too, not in a process that
+        # runs no engine (a Redis-mode daphne).
+        register_pipeline(VAD, _vad)
+        register_pipeline(END_OF_TURN, _end_of_turn)
+        register_pipeline(TRANSCRIBE, _transcribe)
         if not settings.DATABASES:
             _drop_database_hooks()
+
+
+def _vad() -> Pipeline:
+    from .asr.vad_engine import VadPipeline
+
+    return VadPipeline()
+
+
+def _end_of_turn() -> Pipeline:
+    from .asr.turn_engine import TurnPipeline
+
+    return TurnPipeline()
+
+
+def _transcribe() -> Pipeline:
+    from .asr.pipeline import TranscribePipeline
+
+    return TranscribePipeline()
 
 
 def _drop_database_hooks() -> None:

@@ -60,6 +60,7 @@ MIDDLEWARE = [
     "omniweb.web.middleware.SecurityMiddleware",
     "omniweb.web.middleware.CommonMiddleware",
     "omniweb.web.middleware.XFrameOptionsMiddleware",
+    "omniweb.web.middleware.ChunkedBodyMiddleware",  # a chunked upload parsed as a sized one
 ]
 
 ROOT_URLCONF = "omniweb.urls"

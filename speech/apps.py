@@ -1,6 +1,14 @@
-from typing import Any
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
 
 from django.apps import AppConfig
+
+if TYPE_CHECKING:
+    from .codec.loops import CodecPipeline
+    from .tts.loops import TtsPipeline
+    from .tts.model import HibariTalker
 
 
 class SpeechConfig(AppConfig):
@@ -8,25 +16,35 @@ class SpeechConfig(AppConfig):
     verbose_name = "Streaming speech"
 
     def ready(self) -> None:
+        from omniweb.engine.requests import SPEECH, SPEECH_CODEC
         from omniweb.engine.runtime import register_pipeline
         from omniweb.engine.voice import register_voice
 
-        from .codec.loops import CODEC_PIPELINE, CodecPipeline
-        from .tts.loops import PIPELINE, TtsPipeline
         from .tts.voice import HibariVoice
 
-        register_voice(HibariVoice())  # the video and OpenAI endpoints speak with it, by name
+        # The video and OpenAI endpoints speak with it, by name; its loops speak with the same talker.
+        register_voice(HibariVoice(_talker))
+        register_pipeline(SPEECH, _tts_pipeline)  # the model loads when the engine starts
+        register_pipeline(SPEECH_CODEC, _codec_pipeline)  # codec_tokens output and vocoder="codec"
 
-        built: dict[str, Any] = {}
 
-        def tts_pipeline() -> TtsPipeline:
-            built["talker"] = (pipeline := TtsPipeline()).talker
-            return pipeline
+@functools.cache
+def _talker() -> HibariTalker:
+    """The process's one talker (its voice is ~110 MB of RSS and ~1 s to load): built by the first pipeline
+    the engine loads that speaks, and shared by the others (``talk`` is thread-safe): speech.tts,
+    speech.codec and the video.turn pipeline's voice loops. A load that raises is not kept."""
+    from .tts.model import HibariTalker
 
-        def codec_pipeline() -> CodecPipeline:
-            # The engine builds pipelines in registration order, so the codec pipeline speaks with
-            # the same talker: one copy of the voice per process, not two (~130 MB, ~1 s of start-up).
-            return CodecPipeline(talker=built.pop("talker", None))
+    return HibariTalker()
 
-        register_pipeline(PIPELINE, tts_pipeline)  # the model loads when the engine starts
-        register_pipeline(CODEC_PIPELINE, codec_pipeline)  # codec_tokens output and vocoder="codec"
+
+def _tts_pipeline() -> TtsPipeline:
+    from .tts.loops import TtsPipeline
+
+    return TtsPipeline(_talker())
+
+
+def _codec_pipeline() -> CodecPipeline:
+    from .codec.loops import CodecPipeline
+
+    return CodecPipeline(talker=_talker())

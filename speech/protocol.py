@@ -16,7 +16,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from omniweb.base.errors import ErrorKind
 from omniweb.base.protocol import ProtocolError, describe_validation_error, excerpt, loads
 from omniweb.base.protocol import error as base_error
-from omniweb.engine.requests import Priority, SpeakRequest
+from omniweb.engine.requests import Priority, SpeakRequest, Split
 from omniweb.engine.voice import Capabilities
 from omniweb.media.containers import SOUNDFILE_FORMATS
 
@@ -168,7 +168,7 @@ def tts_request(
         voice=config.voice,
         speed=config.speed if config.speed is not None else 1.0,  # null: the default, in both engine modes
         seed=config.seed,
-        split=split or config.split_granularity,
+        split=Split(split or config.split_granularity),
         timestamps=config.word_timestamps,
         first_chunk_frames=config.initial_codec_chunk_frames,
         max_frames=config.max_new_tokens,

@@ -31,7 +31,7 @@ from omniweb.base.errors import ErrorKind
 from omniweb.base.protocol import excerpt
 from omniweb.conversation import Conversation, ConversationState, SpeechTurn
 from omniweb.engine.client import EngineClient
-from omniweb.engine.requests import SpeakRequest
+from omniweb.engine.requests import CodecOutput, FramesScope, SpeakRequest
 from omniweb.media.containers import encoding_cost
 
 from . import protocol
@@ -334,12 +334,12 @@ def speak_request(
     if split == "sentence" and merge:
         # max_new_tokens caps the flush, as one request; one file at the end plays nothing
         # meanwhile, so it is not paced.
-        request = replace(request, max_frames_scope="request", paced=config.stream_audio)
+        request = replace(request, max_frames_scope=FramesScope.REQUEST, paced=config.stream_audio)
     if codec is not None:
         # As the reference's codec request: no timestamps, no vocoder chunking (nothing is vocoded).
         request = replace(
-            request, pipeline=CODEC_PIPELINE, codec_output="codes", timestamps=False, first_chunk_frames=None
+            request, pipeline=CODEC_PIPELINE, codec_output=CodecOutput.CODES, timestamps=False, first_chunk_frames=None
         )
     elif config.vocoder == "codec":
-        request = replace(request, pipeline=CODEC_PIPELINE, codec_output="pcm")
+        request = replace(request, pipeline=CODEC_PIPELINE, codec_output=CodecOutput.PCM)
     return request

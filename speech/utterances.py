@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from omniweb.base import budget, metrics  # metrics: ops instrumentation (time to first audio)
+from omniweb.base import budget, clocks  # clocks: ops instrumentation (time to first audio)
 from omniweb.base.errors import RETRYABLE, ErrorKind
 from omniweb.conversation import (
     AudioChunk,
@@ -75,7 +75,7 @@ class Utterance:
     current: Sentence | None = None
     sentences: int = 0  # audio.done (codec.done) messages sent
     codec: dict[str, Any] | None = None  # codec_tokens mode: the codec's description for codec.start
-    ttfa: metrics.FirstAudioClock = field(default_factory=metrics.FirstAudioClock)  # ops: input.done → audio
+    ttfa: clocks.FirstAudioClock = field(default_factory=clocks.FirstAudioClock)  # ops: input.done → audio
     refused: str | None = None  # why the process budget refused the audio of a file (omniweb/base/budget.py)
     cancelling: bool = False
     over: bool = False  # its session.done went out

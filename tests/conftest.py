@@ -37,12 +37,16 @@ from support.servers import redis_stack
 
 def pytest_configure(config: pytest.Config) -> None:
     """The in-process engine too: settings were read before this module, but no engine exists yet
-    (importing omniweb.asgi during collection preloads one)."""
+    (importing omniweb.asgi during collection preloads one). Set directly, they reach the core
+    through the wiring once more (``override_settings`` does that by itself)."""
     from django.conf import settings
+
+    from omniweb.wiring import configure_core
 
     settings.ENGINE_MAX_AHEAD_SECONDS = 0.0
     settings.ENGINE_READY_WAIT_SECONDS = 120.0
     settings.ENGINE_ADMIT_BUDGET_MS = 0.0
+    configure_core()
 
 
 @pytest.fixture(autouse=True)

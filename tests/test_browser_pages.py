@@ -40,6 +40,20 @@ def base_url() -> Iterator[str]:
         yield base
 
 
+@pytest.fixture(autouse=True)
+def no_refused_moves(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A page's named states refuse a move their table does not list and log it as an error
+    (static/js/common.js, ``Machine``): in these tests no page may try one."""
+    if "page" not in request.fixturenames:
+        yield
+        return
+    pg = request.getfixturevalue("page")
+    refused: list[str] = []
+    pg.on("console", lambda msg: refused.append(msg.text) if "refused move" in msg.text else None)
+    yield
+    assert refused == [], f"the page tried moves its states do not allow: {refused}"
+
+
 def number(pg: Any, selector: str) -> int:
     return int(pg.locator(selector).get_attribute("data-value"))
 
@@ -819,3 +833,293 @@ def test_error_pages_are_styled(page, base_url):
     page.wait_for_load_state("load")
     assert page.locator("h1").text_content() == "Something went wrong on the server"
     shot(page, "500")
+
+
+# -- issue 36: the pages read what the server means ------------------------------------------------
+
+
+def test_named_states_refuse_a_move_their_table_does_not_list(page, base_url):
+    """The pages' state machines (``Machine`` in static/js/common.js): a listed move happens, any
+    other is refused: the state stays, the move returns false and the refusal is logged."""
+    page.goto(base_url + "/")
+    result = page.evaluate(
+        """async () => {
+          const { Machine } = await import('/static/js/common.js');
+          const logged = [];
+          const log = console.error;
+          console.error = (text) => logged.push(text);
+          try {
+            const seen = [];
+            const door = new Machine('door', 'shut', { shut: ['open', 'locked'], open: ['shut'], locked: ['shut'] },
+                                     (state) => seen.push(state));
+            const opened = door.move('open');
+            const locked = door.move('locked');  // an open door cannot be locked
+            return { opened, locked, state: door.state, seen, logged };
+          } finally {
+            console.error = log;
+          }
+        }"""
+    )
+    assert result == {
+        "opened": True,
+        "locked": False,
+        "state": "open",
+        "seen": ["open"],
+        "logged": ["door: refused move open → locked"],
+    }
+
+
+@pytest.fixture(scope="module")
+def quiet_url() -> Iterator[str]:
+    """daphne as ``base_url`` runs it, but ending a session after 1 s without a message (its idle
+    timeout: the server's ``error`` of kind ``timeout``)."""
+    port = free_port()
+    args = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "omniweb.asgi:application"]
+    quiet = {"OMNIWEB_SPEECH_IDLE_TIMEOUT": "1", "OMNIWEB_VIDEO_IDLE_TIMEOUT": "1"}
+    with live_server(args, port, OMNIWEB_ENGINE_MAX_AHEAD_SECONDS="2", **quiet) as base:
+        yield base
+
+
+class SocketRoute:
+    """Test double between a page and the real server: every message passes, in order, and is
+    recorded. ``reword`` gives every server ``error`` other words (its kind stays); ``relay`` may
+    change a server message on its way to the page, ``spoil`` replace or hold one of the page's.
+    Installed with ``page.route_web_socket``."""
+
+    def __init__(self, reword: str | None = None) -> None:
+        self.reword = reword
+        self.received: list[dict[str, Any]] = []  # from the server, as it sent them
+        self.sent: list[dict[str, Any]] = []  # from the page, as it sent them
+
+    def relay(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """What reaches the page for a message of the server."""
+        if msg.get("type") == "error" and self.reword is not None:
+            return {**msg, "message": self.reword}
+        return msg
+
+    def spoil(self, msg: dict[str, Any]) -> list[dict[str, Any]]:
+        """What reaches the server for a message of the page: nothing, it, or more."""
+        return [msg]
+
+    def errors(self) -> list[dict[str, Any]]:
+        return [m for m in self.received if m.get("type") == "error"]
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [m for m in self.received if m.get("type") == kind]
+
+    def __call__(self, ws: Any) -> None:
+        server = ws.connect_to_server()
+
+        def from_server(message: str | bytes) -> None:
+            if isinstance(message, str):
+                msg = json.loads(message)
+                self.received.append(msg)
+                message = json.dumps(self.relay(msg))
+            ws.send(message)
+
+        def from_page(message: str | bytes) -> None:
+            if isinstance(message, bytes):
+                server.send(message)
+                return
+            msg = json.loads(message)
+            self.sent.append(msg)
+            for out in self.spoil(msg):
+                server.send(json.dumps(out))
+
+        server.on_message(from_server)
+        ws.on_message(from_page)
+
+
+def wait_until(pg: Any, done: Any, what: str, ceiling_s: float = 30.0) -> None:
+    """Let the page run until ``done()`` (a route's record), with a ceiling so a hang fails."""
+    deadline = time.monotonic() + ceiling_s
+    while not done():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        pg.wait_for_timeout(50)
+
+
+def test_speech_reads_the_kind_of_an_error_not_its_words(page, quiet_url):
+    """An idle timeout (kind ``timeout``) ends the session without a word to the person, and Speak
+    opens a new one; a refused message (``client_error``) is shown. Every error reaches the page
+    with an idle timeout's words, which the page must not read; before the second Speak's
+    ``input.done`` the route slips in a message the server refuses."""
+    route = SocketRoute(reword="Idle timeout: no message received")
+    slip = []
+
+    def spoil(msg: dict[str, Any]) -> list[dict[str, Any]]:
+        if slip and msg["type"] == "input.done":
+            slip.clear()
+            return [{"type": "no.such.message"}, msg]
+        return [msg]
+
+    route.spoil = spoil
+    page.route_web_socket("**/v1/audio/speech/stream", route)
+    page.goto(quiet_url + "/speech/")
+    page.fill("#text", "First.")
+    page.click("#speak")
+    assert wait_state(page, "done|error") == "done", page.locator("#error").text_content()
+    # 1 s without a message after the utterance: the server ends the session.
+    wait_until(page, route.errors, "the server's idle timeout")
+    assert [e["kind"] for e in route.errors()] == ["timeout"]
+    page.wait_for_selector("#conn[data-state='closed']", timeout=10_000)
+    assert page.locator("#conn").text_content().strip() == "Disconnected; reconnects when needed"
+    assert page.locator("#error").is_hidden()
+    assert page.locator("#state").get_attribute("data-state") == "done"
+    slip.append(True)
+    page.fill("#text", "Second.")
+    page.click("#speak")  # a new session, then the refused message, then the utterance
+    assert wait_state(page, "done|error") == "done", page.locator("#error").text_content()
+    refused = route.errors()[1]
+    assert refused["kind"] == "client_error" and refused["message"].startswith("Unknown message type")
+    assert page.locator("#error").text_content() == "The server said: Idle timeout: no message received"
+    assert [c["type"] for c in route.sent].count("session.config") == 2
+
+
+class SpoiledFrames(SocketRoute):
+    """Frames whose image the server refuses (valid base64, not a JPEG or PNG): ``hold_next`` keeps
+    the page's next frame back, spoilt, until its next ``video.query`` (it reaches the server just
+    before it); ``all`` spoils every frame."""
+
+    def __init__(self, reword: str, *, all: bool = False) -> None:
+        super().__init__(reword)
+        self.all = all
+        self.hold_next = False
+        self.held: dict[str, Any] | None = None
+
+    def spoil(self, msg: dict[str, Any]) -> list[dict[str, Any]]:
+        if msg["type"] == "video.frame" and (self.all or (self.hold_next and self.held is None)):
+            spoilt = {**msg, "data": base64.b64encode(b"not an image").decode()}
+            if self.all:
+                return [spoilt]
+            self.held = spoilt
+            return []
+        if msg["type"] == "video.query" and self.held is not None:
+            held, self.held, self.hold_next = self.held, None, False
+            return [held, msg]
+        return [msg]
+
+
+def test_video_a_refused_frame_does_not_end_the_question(page, base_url):
+    """A frame the server refuses (``client_error``) is shown, and the question asked after it is
+    still answered although the refusal comes while the question waits for its answer: the page
+    knows it is the frame's because the server answers every frame, in order, and that frame was
+    sent before the question. The route holds one frame back (spoilt) until the question and
+    rewords every error as a refused question's, which the page must not read."""
+    route = SpoiledFrames(reword="No frames buffered")
+    page.route_web_socket("**/v1/video/chat/stream", route)
+    start_camera(page, base_url)
+    route.hold_next = True
+    wait_until(page, lambda: route.held is not None, "a frame held back")
+    ask(page, "What do you see?")
+    assert answered(page, 1) == "done", page.locator("#error").text_content()
+    assert page.locator(".turn").get_attribute("data-how") == "answered"
+    assert page.locator(LAST_ANSWER).text_content() == route.of_type("response.text.done")[-1]["text"]
+    (refused,) = route.errors()
+    assert refused["kind"] == "client_error" and refused["message"].startswith("Invalid image data")
+    assert page.locator("#error").text_content() == "The server said: No frames buffered"
+    # On the wire: the spoilt frame, then the question; the server refused the frame first.
+    types = [m["type"] for m in route.received]
+    assert types.index("error") < types.index("response.start")
+
+
+def test_video_a_refused_question_ends_at_once(page, base_url):
+    """A question the server refuses (``client_error`` once every frame sent before it has had its
+    answer: no frames buffered) ends as failed at once. The route spoils every frame, so the server
+    keeps none, and rewords every error as a refused frame's, which the page must not read."""
+    route = SpoiledFrames(reword="Invalid image data", all=True)
+    page.route_web_socket("**/v1/video/chat/stream", route)
+    page.goto(base_url + "/video/")
+    page.click("#start")
+    page.wait_for_selector("#camera-badge:text('Live')", timeout=10_000)
+    wait_until(page, lambda: len(route.errors()) >= 2, "two frames refused")
+    ask(page, "What do you see?")
+    assert answered(page, 1) == "error"
+    assert page.locator(".turn").get_attribute("data-how") == "failed"
+    refusal = next(e for e in route.errors() if not e["message"].startswith("Invalid image data"))
+    assert refusal == {"type": "error", "message": "No frames buffered", "kind": "client_error"}
+    assert page.locator("#error").text_content() == "The server said: Invalid image data"
+    assert number(page, "#accepted") == 0
+
+
+def test_video_an_idle_timeout_is_not_an_error(page, quiet_url):
+    """A server that ends a session after 1 s without a message: the page sends it frames twice a
+    second, until the route holds them back (to the server the page falls quiet). The session ends
+    with an ``error`` of kind ``timeout``, which the page does not show; the camera being on, it opens
+    a new session (sending it its latest frames), and a question is answered."""
+
+    class Quiet(SocketRoute):
+        def __init__(self) -> None:
+            super().__init__()
+            self.quiet = False
+
+        def relay(self, msg: dict[str, Any]) -> dict[str, Any]:
+            if msg.get("kind") == "timeout":
+                self.quiet = False  # the next session hears the page again
+            return msg
+
+        def spoil(self, msg: dict[str, Any]) -> list[dict[str, Any]]:
+            return [] if self.quiet else [msg]  # frames, microphone chunks (hands-free), pings
+
+    route = Quiet()
+    page.route_web_socket("**/v1/video/chat/stream", route)
+    start_camera(page, quiet_url, fps="2")
+    configs = [m["type"] for m in route.sent].count("session.config")
+    route.quiet = True
+    wait_until(page, route.errors, "the server's idle timeout")
+    assert {e["kind"] for e in route.errors()} == {"timeout"}
+    page.wait_for_function(  # a new session, and the frames it was sent (the latest ones) kept
+        f"Number(document.querySelector('#accepted').dataset.value) >= {number(page, '#accepted') + 2}",
+        timeout=15_000,
+    )
+    assert [m["type"] for m in route.sent].count("session.config") > configs
+    assert page.locator("#error").is_hidden()
+    ask(page, "What do you see?")
+    assert answered(page, 1) == "done", page.locator("#error").text_content()
+    assert page.locator("#error").is_hidden()
+    assert {e["kind"] for e in route.errors()} == {"timeout"}
+
+
+def test_speech_plays_each_sentence_at_the_rate_its_audio_start_states(page, base_url):
+    """The page reads the rate of each sentence's audio from ``audio.start`` (and each
+    ``audio.chunk``). The route says half the real rate for the same samples: the page resamples
+    them to its timeline (the rate the page's data states), so twice as many samples reach the player."""
+
+    class HalfRate(SocketRoute):
+        def relay(self, msg: dict[str, Any]) -> dict[str, Any]:
+            return {**msg, "sample_rate": msg["sample_rate"] // 2} if "sample_rate" in msg else msg
+
+    route = HalfRate()
+    page.route_web_socket("**/v1/audio/speech/stream", route)
+    page.goto(base_url + "/speech/")
+    page.fill("#text", "Half the rate.")
+    page.click("#speak")
+    assert wait_state(page, "done|error") == "done", page.locator("#error").text_content()
+    starts = route.of_type("audio.start")
+    assert starts and all(s["sample_rate"] == RATE for s in starts)  # what the server said
+    sent = sum(m["total_bytes"] for m in route.of_type("audio.done")) // 2
+    assert number(page, "#received") == 2 * sent == number(page, "#played")
+
+
+def test_video_plays_the_answer_at_the_rate_its_wav_states(page, base_url):
+    """Nothing in the page assumes the answer's rate: each ``response.audio.delta`` WAV says it.
+    The route rewrites every WAV's header to 16 kHz (same samples): the page shows that rate and
+    its player reads every sample at it."""
+
+    class At16k(SocketRoute):
+        def relay(self, msg: dict[str, Any]) -> dict[str, Any]:
+            if msg.get("type") != "response.audio.delta":
+                return msg
+            wav = bytearray(base64.b64decode(msg["data"]))
+            wav[24:28] = (16000).to_bytes(4, "little")  # the fmt chunk's rate, then its bytes per second
+            wav[28:32] = (32000).to_bytes(4, "little")
+            return {**msg, "data": base64.b64encode(bytes(wav)).decode()}
+
+    route = At16k()
+    page.route_web_socket("**/v1/video/chat/stream", route)
+    start_camera(page, base_url)
+    ask(page, "What do you see?")
+    assert answered(page, 1) == "done", page.locator("#error").text_content()
+    wavs = [base64.b64decode(m["data"]) for m in route.of_type("response.audio.delta")]
+    assert wavs and all(int.from_bytes(w[24:28], "little") == RATE for w in wavs)  # what the server said
+    assert page.locator("#answer-rate").get_attribute("data-value") == "16000"
+    assert number(page, "#played") == sum((len(w) - 44) // 2 for w in wavs)

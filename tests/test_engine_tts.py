@@ -166,7 +166,8 @@ def test_no_talker_step_grows_with_an_unpunctuated_sentence(pipeline, monkeypatc
     text = " ".join(["blue"] * 800)
     chunks = synthesize(pipeline, text=text, split="none", max_frames=4)
     assert chunks[-1]["status"] == "ok"
-    assert len(seen) == 14 and max(map(len, seen)) <= settings.TALKER_MAX_RUN_CHARS
+    pieces = [t for t in seen if set(t.split()) == {"blue"}]  # not the engine's calibration sentences
+    assert len(pieces) == 14 and max(map(len, pieces)) <= settings.TALKER_MAX_RUN_CHARS
     starts = [c["text"] for c in chunks if c["type"] == "sentence.start"]
     assert " ".join(starts) == text  # each bounded piece is a sentence on the wire, in order
 

@@ -22,6 +22,7 @@ import openai
 import pytest
 import websockets
 from hibari import Hibari
+from prometheus_client.parser import text_string_to_metric_families
 from support.photos import jpeg, photo
 from support.realtime import recv, until
 from support.servers import live_daphne
@@ -149,6 +150,37 @@ async def test_a_text_turn_about_an_image(conn: Any) -> None:
     assert done.status == "completed" and done.output[0].content[0].text == answer
     assert done.usage.output_tokens > 0 and done.usage.input_token_details.image_tokens > 0
     assert "person" in answer.lower() or "people" in answer.lower() or "one" in answer.lower()
+
+
+def scrape(base: str) -> dict[str, float]:
+    """The server's /metrics samples, by name and labels (``name{label="value"}``)."""
+    with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return samples
+
+
+async def test_a_response_is_timed_in_the_realtime_histograms_not_the_video_ones(conn: Any, base: str) -> None:
+    await configure(conn, output_modalities=["audio"], audio={"input": {"turn_detection": None}})
+    await show(conn)
+    await ask_text(conn, QUESTION)
+    before = scrape(base)
+    await conn.response.create()
+    events = await until(conn, "response.done")
+    assert events[-1].response.status == "completed"
+    after = scrape(base)
+    counted = [
+        "omniweb_realtime_first_text_seconds_count",  # the spoken answer's first transcript delta
+        "omniweb_realtime_first_audio_seconds_count",
+        'omniweb_realtime_response_seconds_count{outcome="ok"}',
+    ]
+    assert [after[name] - before[name] for name in counted] == [1, 1, 1]
+    video = [name for name in after if name.startswith("omniweb_video_") and name.split("{")[0].endswith("_count")]
+    assert len(video) == 4 and all(after[name] == before[name] for name in video)
 
 
 async def test_a_spoken_question_about_an_image_with_server_vad(conn: Any, spoken: bytes) -> None:
@@ -282,7 +314,7 @@ async def test_every_error_case_keeps_the_session(conn: Any) -> None:
     await expect_error(conn, code="event_too_large")
     await conn.session.update(session={"type": "realtime", "audio": {"output": {"voice": "nobody"}}})
     await expect_error(conn, param="session.audio.output.voice")
-    await conn.session.update(session={"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}})
+    await conn.session.update(session={"type": "realtime", "audio": {"input": {"format": {"type": "audio/g729"}}}})
     await expect_error(conn, param="session.audio.input.format.type")
     await conn.session.update(session={"type": "realtime", "output_modalities": ["video"]})
     await expect_error(conn, param="session.output_modalities[0]")

@@ -186,7 +186,7 @@ async def test_placement_refusals_echo_the_event() -> None:
     with pytest.raises(RealtimeError) as missing:
         await parts.create(text("After"), previous_item_id="nope", event_id="evt_3")
     assert {k: refusal(exists.value)[k] for k in ("code", "param", "event_id")} == {
-        "code": "item_exists",
+        "code": "item_create_duplicate_item_id",
         "param": "item.id",
         "event_id": "evt_2",
     }

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.realtime import sdk_parses
 
-from omniweb.conversation.chunks import WordTiming
+from omniweb.conversation.chunks import Usage, WordTiming
 from omniweb.openai_api.protocol import OPENAI_VOICES
 from omniweb.openai_api.realtime import server_events
 from omniweb.openai_api.realtime.audio import decode_pcm16, pcm_ms, to_engine_rate
@@ -116,7 +116,7 @@ def test_a_client_may_echo_the_session_it_was_given() -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, "session.audio.input.format.type"),
+        ({"audio": {"input": {"format": {"type": "audio/g729"}}}}, "session.audio.input.format.type"),
         ({"audio": {"output": {"format": {"type": "audio/pcm", "rate": 16000}}}}, "session.audio.output.format.rate"),
         ({"audio": {"output": {"voice": "nobody"}}}, "session.audio.output.voice"),
         ({"audio": {"output": {"speed": 1.5}}}, "session.audio.output.speed"),
@@ -329,7 +329,7 @@ def test_items_are_placed_by_previous_item_id() -> None:
     assert conv.system_text() == "be kind"
     with pytest.raises(RealtimeError) as info:
         conv.add(text_item("user", "d", "a"))
-    assert info.value.code == "item_exists"
+    assert info.value.code == "item_create_duplicate_item_id"
     with pytest.raises(RealtimeError) as info:
         conv.add(text_item("user", "d"), previous_item_id="nope")
     assert info.value.param == "previous_item_id"
@@ -411,7 +411,7 @@ def test_a_whole_spoken_response_is_what_the_sdk_expects() -> None:
     item.content[0]["transcript"] = "Two people."
     response.output = [item]
     response.status = "completed"
-    response.usage = server_events.usage(input_text=3, output_text=2, output_audio=server_events.audio_tokens(1000))
+    response.usage = server_events.usage(Usage(input_text_tokens=3, output_text_tokens=2, output_audio_tokens=80))
     events += [
         server_events.output_item_done(response, item),
         server_events.item_done(item, "item_prev"),

@@ -133,9 +133,11 @@ def test_a_text_response_opens_streams_its_deltas_and_closes_in_the_conversation
         {"type": "response.output_item.done", "response_id": "<resp:1>", "output_index": 0}
         | {"item": assistant("completed", done)},
         {"type": "conversation.item.done", "previous_item_id": "<item:1>", "item": assistant("completed", done)},
-        {  # no usage from the turn: counted from what was written (words)
+        {  # no usage from the turn: counted from what was heard (one word) and written (two, and a full stop)
             "type": "response.done",
-            "response": response("completed", [assistant("completed", done)], ["text"], usage=tokens(text_out=2)),
+            "response": response(
+                "completed", [assistant("completed", done)], ["text"], usage=tokens(text_in=1, text_out=3)
+            ),
         },
     ]
     assert conv.items == [question, stream.item] and stream.item.audio_ms == 0  # text: the audio is not kept
@@ -259,7 +261,7 @@ def test_a_cancelled_response_outside_the_conversation_closes_what_it_opened() -
         {"type": "response.content_part.done", **AT, "part": {"type": "audio", "transcript": "Two"}},
         {"type": "response.output_item.done", "response_id": "<resp:1>", "output_index": 0}
         | {"item": assistant("incomplete", done)},
-        {  # usage counted: one word, 100 ms of 12.5 ms frames
+        {  # usage counted from what was sent: one word, 100 ms of audio at a completed answer's one token per 50 ms
             "type": "response.done",
             "response": response(
                 "cancelled",
@@ -267,7 +269,7 @@ def test_a_cancelled_response_outside_the_conversation_closes_what_it_opened() -
                 ["audio"],
                 conversation=None,
                 details=details,
-                usage=tokens(text_out=1, audio_out=8),
+                usage=tokens(text_out=1, audio_out=2),
             )
             | {"metadata": {"topic": "people"}},
         },

@@ -464,9 +464,11 @@ class FailingCodec:
 def faulty_engine(pipeline, codec, monkeypatch) -> Iterator[FailingCodec]:
     """Sessions opened in the test use a scheduler whose codec encoder fails at its N-th packet."""
     broken = CodecPipeline(talker=pipeline.talker)
-    failing = FailingCodec(codec, fail_at=3)
+    failing = FailingCodec(codec, fail_at=10**9)  # the scheduler measures the pipeline first: no fault there
     broken.loops[1]._codec = failing
     sched = Scheduler({CODEC_PIPELINE: broken}, workers=2)
+    failing.calls = 0
+    failing._fail_at = 3
     sched.start()
     monkeypatch.setattr(runtime, "_client", LocalEngineClient(sched))
     yield failing

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from omniweb.base import metrics  # ops instrumentation: the turn's latency histograms
+from omniweb.base import clocks  # ops instrumentation: the turn's latency histograms
 from omniweb.base.errors import ErrorKind
 from omniweb.conversation import (
     ActiveTurn,
@@ -59,7 +59,7 @@ class Answer:
     transcript: str | None = None
     audio_deltas: int = 0
     text_done: bool = False  # response.text.done sent (as soon as the text is complete)
-    clock: metrics.TurnClock = field(default_factory=metrics.TurnClock)  # ops: latency histograms
+    clock: clocks.TurnClock = field(default_factory=clocks.video_turn)  # ops: omniweb_video_*
 
     async def emit(self, turn: ActiveTurn, event: TurnEvent) -> None:
         """One typed event of the turn → the wire."""

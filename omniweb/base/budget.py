@@ -2,8 +2,9 @@
 
 Every session has its own caps (frames, audio, queued messages), but many sessions together could
 still hold more than the machine has. Sessions reserve the bytes they buffer from this one ledger
-(``OMNIWEB_PROCESS_BUFFER_BUDGET``); once it is spent, new buffering is refused with a clear error,
-never an out-of-memory kill. A session releases what it holds as it drops data and when it closes.
+(``OMNIWEB_PROCESS_BUFFER_BUDGET``, given by the wiring through ``configure``); once it is spent,
+new buffering is refused with a clear error, never an out-of-memory kill. A session releases what it
+holds as it drops data and when it closes.
 
 What is counted: video frames and microphone audio, and the video messages received but not yet
 handled (video sessions), the speech session's buffered
@@ -16,10 +17,11 @@ from __future__ import annotations
 
 import threading
 
-from django.conf import settings
+DEFAULT_BYTES = 2 * 1024 * 1024 * 1024  # until the wiring configures it (the setting's own default)
 
 _lock = threading.Lock()
 _held = 0
+_limit = DEFAULT_BYTES
 
 FULL_MESSAGE = "Server memory budget for buffered data is spent; frame or audio refused, retry shortly"
 
@@ -38,11 +40,17 @@ REPLIES_FULL_MESSAGE = (
 REPLIES_SLACK = 64 * 1024
 
 
+def configure(limit: int) -> None:
+    """The budget's size in bytes; what is held already stays held (a smaller budget refuses new work)."""
+    global _limit
+    _limit = limit
+
+
 def reserve(nbytes: int, *, force: bool = False) -> bool:
     """Take ``nbytes`` from the budget; False (nothing taken) when it would be exceeded, unless ``force``."""
     global _held
     with _lock:
-        if not force and _held + nbytes > settings.PROCESS_BUFFER_BUDGET:
+        if not force and _held + nbytes > _limit:
             return False
         _held += nbytes
         return True

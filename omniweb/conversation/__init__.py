@@ -77,6 +77,10 @@ stateful ``ChunkParser`` for an answer's timeline)
     word with the chunk in which it starts, from the talker's own durations), ``SentenceEnd(index)``,
     ``TurnEnd(status, kind, message, text, transcript, usage, rng_state, retry_after)`` with ``Usage`` (estimated
     tokens); the speech endpoint's ``CodecCodes``.
+Usage (``usage.py``): how every token count is made, one rule
+    ``text_tokens``, ``audio_tokens(ms, spoken=)``, ``image_tokens``; ``given(request, frames)`` (what a
+    turn's engine request gives the thinker: ``FramesSelected.given``); ``Tally(given)``: ``add`` each
+    piece of the answer as it is sent, ``usage(end=None)`` (a turn cut short counts what was sent).
 
 A minimal adapter::
 

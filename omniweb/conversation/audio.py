@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy.signal import resample_poly
 
 from omniweb.base import budget as process_budget
 
@@ -87,6 +86,10 @@ def resample_pcm16(pcm: bytes, from_rate: int, to_rate: int) -> bytes:
     """A whole PCM16 mono clip at another rate (e.g. a 24 kHz Realtime question for the 16 kHz turn)."""
     if from_rate == to_rate or not pcm:
         return pcm
+    # Imported here: scipy.signal costs a process ~77 MB (it loads scipy.stats and more), which a
+    # daphne process that never receives a Realtime question would hold for nothing.
+    from scipy.signal import resample_poly
+
     g = gcd(from_rate, to_rate)
     samples = np.frombuffer(pcm[: len(pcm) // 2 * 2], "<i2").astype(np.float32)
     out: npt.NDArray[np.floating[Any]] = resample_poly(samples, to_rate // g, from_rate // g)  # scipy: untyped

@@ -71,10 +71,9 @@ class AudioChunk:
 
 @dataclass(frozen=True)
 class Usage:
-    """Token counts of a turn. Text tokens are the language model's own counts where one answered;
-    the rest (and text, for the ``scene`` thinker) are estimates from what was sent and heard, at
-    OpenAI's published rates: text one token per word or punctuation mark, input audio one per
-    100 ms, output audio one per 50 ms, images one per 32x32-pixel patch (at most 1536)."""
+    """Token counts of a turn, counted by ``usage.py``'s one rule (the language model's own text
+    counts where one answered; otherwise words and punctuation marks, audio by duration, images by
+    32x32-pixel patches)."""
 
     input_text_tokens: int = 0
     input_audio_tokens: int = 0

@@ -73,6 +73,7 @@ async def segment_texts(
         prefix=prefix,
         priority=Priority.BATCH if partial else Priority.REALTIME,
         admit_budget=None if partial else admit_budget,
+        admitted=True,  # the session's own recognition: part of the work admitted with it
     )
     texts: list[str] = []
     async with contextlib.aclosing(engine.stream(request, request_id)) as stream:

@@ -3,17 +3,15 @@
 ``run_turn`` waits for the chosen frames' decodes, picks the frames the thinker sees, submits one
 ``video.turn`` engine request (thinker → talker → vocoder) and yields, in order: ``FramesSelected``
 (or ``NoUsableFrames``, and nothing more), then the request's typed chunks (``chunks.py``), the last
-one a ``TurnEnd`` with the whole answer and its ``Usage``. It holds no session state: the history,
-instructions, modalities and voice come with each ``TurnSpec``, so each wire format can keep its own
-conversation (the video endpoint's history, a realtime client's items).
+one a ``TurnEnd`` with the whole answer and its ``Usage`` (counted by ``usage.py``). It holds no
+session state: the history, instructions, modalities and voice come with each ``TurnSpec``, so each
+wire format can keep its own conversation (the video endpoint's history, a realtime client's items).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
-import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, Mapping, Sequence
@@ -22,14 +20,13 @@ from dataclasses import dataclass, field
 from omniweb.base.errors import ErrorKind
 from omniweb.engine.client import EngineClient
 from omniweb.engine.messages import Status
-from omniweb.engine.requests import AnswerRequest, FrameIn, FunctionTool, HistoryEntry, ToolChoice
+from omniweb.engine.requests import AnswerRequest, FrameIn, FunctionTool, HistoryEntry, Modality, Role, ToolChoice
 
-from .chunks import ChunkParser, EngineChunk, TextDelta, Transcript, TurnEnd, Usage
+from . import usage
+from .chunks import AudioChunk, ChunkParser, EngineChunk, TextDelta, ToolCall, Transcript, TurnEnd, Usage
 from .frames import BufferedFrame, FrameBuffer, FrameSelection
 
 MODALITIES = ("text", "audio")
-INPUT_SAMPLE_RATE = 16000  # the question's PCM16 mono audio
-_TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
 def now_ms() -> float:
@@ -79,11 +76,13 @@ class TurnSpec:
 
 @dataclass(frozen=True)
 class FramesSelected:
-    """The frames the thinker is given, once their decodes settled (``*_ms``: ``now_ms`` clock)."""
+    """The frames the thinker is given, once their decodes settled (``*_ms``: ``now_ms`` clock), and
+    ``given``: the input side of the turn's ``Usage`` (all its engine request gives the thinker)."""
 
     frames: tuple[BufferedFrame, ...]
     decoded_ready_ms: float
     selected_ms: float
+    given: Usage = field(default_factory=Usage)
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,7 @@ def engine_request(spec: TurnSpec, frames: Sequence[BufferedFrame]) -> AnswerReq
         frames=tuple(FrameIn(data=f.data, frame_id=f.frame_id, pts_ms=f.pts_ms) for f in frames),
         history=tuple(_entry(h) for h in spec.history),
         system_prompt=spec.instructions,
-        modalities=tuple(spec.modalities),
+        modalities=tuple(Modality(m) for m in spec.modalities),
         voice=spec.voice,
         model=spec.model,
         timestamps="audio" in spec.modalities,  # word timings ride the audio (truncation, captions)
@@ -119,37 +118,7 @@ def engine_request(spec: TurnSpec, frames: Sequence[BufferedFrame]) -> AnswerReq
 def _entry(message: Mapping[str, str] | HistoryEntry) -> HistoryEntry:
     if isinstance(message, HistoryEntry):
         return message
-    return HistoryEntry(role=message["role"], content=message["content"])
-
-
-def count_text_tokens(text: str) -> int:
-    return len(_TOKEN.findall(text))
-
-
-def image_tokens(frame: BufferedFrame) -> int:
-    return min(1536, math.ceil(frame.width / 32) * math.ceil(frame.height / 32))
-
-
-def estimate_usage(
-    spec: TurnSpec, frames: Sequence[BufferedFrame], answer: str, answer_audio_ms: float, end: TurnEnd | None = None
-) -> Usage:
-    """A turn's ``Usage``: the language model's own text counts where ``end`` carries them, the
-    estimates (``Usage``'s docstring has the rates) for the rest."""
-    prompt = [spec.question.text, spec.instructions or "", *(_entry(h).content for h in spec.history)]
-    audio_ms = len(spec.question.audio) / 2 / INPUT_SAMPLE_RATE * 1000.0
-    input_text = sum(count_text_tokens(t) for t in prompt)
-    output_text = count_text_tokens(answer)
-    if end is not None and end.prompt_tokens is not None:
-        input_text = end.prompt_tokens
-    if end is not None and end.completion_tokens is not None:
-        output_text = end.completion_tokens
-    return Usage(
-        input_text_tokens=input_text,
-        input_audio_tokens=math.ceil(audio_ms / 100.0),
-        input_image_tokens=sum(image_tokens(f) for f in frames),
-        output_text_tokens=output_text,
-        output_audio_tokens=math.ceil(answer_audio_ms / 50.0),
-    )
+    return HistoryEntry(role=Role(message["role"]), content=message["content"])
 
 
 async def run_turn(engine: EngineClient, spec: TurnSpec) -> AsyncGenerator[TurnEvent, None]:
@@ -161,25 +130,26 @@ async def run_turn(engine: EngineClient, spec: TurnSpec) -> AsyncGenerator[TurnE
         yield NoUsableFrames()
         return
     selected = spec.selection.pick(usable) if usable else []
-    yield FramesSelected(tuple(selected), decoded_ready_ms, now_ms())
+    request = engine_request(spec, selected)
+    tally = usage.Tally(usage.given(request, selected))
+    yield FramesSelected(tuple(selected), decoded_ready_ms, now_ms(), tally.given)
     parser = ChunkParser()
-    text: list[str] = []
     transcript: str | None = None
-    async with contextlib.aclosing(engine.stream(engine_request(spec, selected), spec.request_id)) as stream:
+    async with contextlib.aclosing(engine.stream(request, spec.request_id)) as stream:
         async for raw in stream:
             for chunk in parser.feed(raw):
-                if isinstance(chunk, TextDelta):
-                    text.append(chunk.delta)
-                elif isinstance(chunk, Transcript):
+                if isinstance(chunk, Transcript | TextDelta | ToolCall | AudioChunk):
+                    tally.add(chunk)
+                if isinstance(chunk, Transcript):
                     transcript = chunk.text
                 elif isinstance(chunk, TurnEnd):
-                    answer = chunk.text if chunk.ok and chunk.text is not None else "".join(text)
+                    answer = chunk.text if chunk.ok and chunk.text is not None else "".join(tally.text)
                     yield dataclasses.replace(
                         chunk,
                         text=answer,
                         transcript=chunk.transcript if chunk.transcript is not None else transcript,
-                        usage=estimate_usage(spec, selected, answer, parser.audio_ms, chunk),
+                        usage=tally.usage(chunk),
                     )
                     return
                 yield chunk
-    yield TurnEnd(Status.ERROR, ErrorKind.ENGINE, text="".join(text))  # the stream ended without its end
+    yield TurnEnd(Status.ERROR, ErrorKind.ENGINE, text="".join(tally.text))  # the stream ended without its end

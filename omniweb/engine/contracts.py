@@ -17,6 +17,7 @@ from .requests import EngineRequest
 
 StateT = TypeVar("StateT")
 StateT_contra = TypeVar("StateT_contra", contravariant=True)  # Releasing only takes a state
+RequestT_contra = TypeVar("RequestT_contra", bound=EngineRequest, contravariant=True)
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,10 @@ DONE = Done()
 WAITING = Waiting()
 
 
-class Loop(Protocol, Generic[StateT]):
+class Loop(Protocol, Generic[RequestT_contra, StateT]):
     """init(request, slots) → state; next(state) → plan | DONE | WAITING | WaitFor; advance; finalize.
+
+    Typed by the request it serves (``SpeakRequest``, ``TranscribeRequest``, ...) and its state.
 
     ``slots`` is one dict per request shared by that request's loops: how an upstream loop (the
     talker) hands its output to a downstream one (the vocoder). ``next`` and ``advance`` run under
@@ -106,7 +109,7 @@ class Loop(Protocol, Generic[StateT]):
 
     name: str
 
-    def init(self, request: Any, slots: dict[str, Any]) -> StateT: ...
+    def init(self, request: RequestT_contra, slots: dict[str, Any]) -> StateT: ...
 
     def next(self, state: StateT) -> WorkPlan | Done | Waiting | WaitFor: ...
 
@@ -138,7 +141,7 @@ class Pipeline(Protocol):
     def name(self) -> str: ...
 
     @property
-    def loops(self) -> Sequence[Loop[Any]]: ...
+    def loops(self) -> Sequence[Loop[Any, Any]]: ...
 
     def validate(self, request: EngineRequest) -> None:
         """Raise ``ValueError`` with a client-safe message when the request cannot be served (not

@@ -128,7 +128,7 @@ class ChannelEngineClient:
         if request.byte_size() > MAX_REQUEST_BYTES:  # as LocalEngineClient: one limit, both modes
             yield End.failed(ErrorKind.CLIENT, REQUEST_TOO_LARGE)
             return
-        if self._room is not None and not request.batch:
+        if self._room is not None and not request.batch and not request.admitted:
             retry = await self._room(request.pipeline, request.own_admit_budget)
             if retry is not None:
                 yield End.failed(ErrorKind.CAPACITY, CAPACITY_MESSAGE, retry_after=round(retry, 3))

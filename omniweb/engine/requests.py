@@ -30,6 +30,39 @@ class Priority(StrEnum):
     BATCH = "batch"  # a file nobody hears until it is whole: never paced, runs on spare workers
 
 
+class Split(StrEnum):
+    """How a text is cut into talker steps."""
+
+    SENTENCE = "sentence"
+    CLAUSE = "clause"
+    NONE = "none"  # the whole text is one step
+
+
+class FramesScope(StrEnum):
+    """What ``max_frames`` caps."""
+
+    SENTENCE = "sentence"
+    REQUEST = "request"
+
+
+class CodecOutput(StrEnum):
+    """What the codec pipeline sends: its packets, or the audio it decodes from them."""
+
+    CODES = "codes"
+    PCM = "pcm"
+
+
+class Role(StrEnum):
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class Modality(StrEnum):
+    TEXT = "text"
+    AUDIO = "audio"
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineRequest:
     """What the scheduler itself reads; subclasses add what their pipeline's loops read."""
@@ -44,9 +77,15 @@ class EngineRequest:
     # CPU seconds its delivery (the adapter's encoder) spends per second of its media, on the cores
     # the engine runs on: part of what its stream costs when load shedding prices it (0: as made).
     delivery: float = 0.0
+    # Part of a session already admitted (its voice activity windows, end-of-turn checks, streaming
+    # recognition): never refused by load shedding. If it falls behind, the session degrades (a
+    # later turn end), it is not cut off.
+    admitted: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "priority", Priority(self.priority))  # "batch" from a config string
+        object.__setattr__(
+            self, "priority", _member(Priority, self.priority, "priority")
+        )  # "batch" from a config string
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -87,8 +126,13 @@ class SpeakingRequest(EngineRequest):
     timestamps: bool = False  # time each spoken word (``SentenceStart.words``)
     first_chunk_frames: int | None = None  # a sentence's first vocoder chunk; None: the setting
     max_frames: int | None = None  # a cap on acoustic frames, per sentence or per request
-    max_frames_scope: str = "sentence"  # "request": ``max_frames`` caps the whole request
-    split: str = "sentence"  # how the text is cut into talker steps
+    max_frames_scope: FramesScope = FramesScope.SENTENCE
+    split: Split = Split.SENTENCE
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # the values may arrive as plain strings (a config, the Redis wire)
+        object.__setattr__(self, "max_frames_scope", _member(FramesScope, self.max_frames_scope, "max_frames_scope"))
+        object.__setattr__(self, "split", _member(Split, self.split, "split"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +141,11 @@ class SpeakRequest(SpeakingRequest):
 
     pipeline: str = SPEECH
     text: str
-    codec_output: str = "codes"  # speech.codec: "codes" (packets to the client) or "pcm"
+    codec_output: CodecOutput = CodecOutput.CODES  # speech.codec only
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "codec_output", _member(CodecOutput, self.codec_output, "codec_output"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,10 +188,15 @@ class HistoryEntry:
     """One message of the conversation so far: a user's or assistant's words, an assistant's
     function calls (``calls``), or a function's output (role ``tool``, answering ``call_id``)."""
 
-    role: str  # "user" | "assistant" | "tool"
+    role: Role
     content: str = ""
     calls: tuple[FunctionCall, ...] = ()
     call_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in set(Role):
+            raise ValueError("history roles must be user, assistant or tool")
+        object.__setattr__(self, "role", Role(self.role))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,7 +210,7 @@ class AnswerRequest(SpeakingRequest):
     frames: tuple[FrameIn, ...] = ()
     history: tuple[HistoryEntry, ...] = ()
     system_prompt: str | None = None
-    modalities: tuple[str, ...] = ("text", "audio")
+    modalities: tuple[Modality, ...] = (Modality.TEXT, Modality.AUDIO)
     model: str | None = None
     transcribe: bool = False
     tools: tuple[FunctionTool, ...] = ()
@@ -168,7 +221,10 @@ class AnswerRequest(SpeakingRequest):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "tool_choice", ToolChoice(self.tool_choice))
+        object.__setattr__(self, "tool_choice", _member(ToolChoice, self.tool_choice, "tool_choice"))
+        if not set(self.modalities) <= set(Modality):
+            raise ValueError(f"modalities must be a subset of {[m.value for m in Modality]}")
+        object.__setattr__(self, "modalities", tuple(Modality(m) for m in self.modalities))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,6 +253,7 @@ class VadRequest(EngineRequest):
     MAX_WINDOWS: ClassVar[int] = 1024  # one request's audio at most (~33 s): a session splits longer feeds
 
     pipeline: str = VAD
+    admitted: bool = True  # a listening session's next windows
     pcm: bytes
     state: bytes | None = None
 
@@ -210,6 +267,7 @@ class EndOfTurnRequest(EngineRequest):
     MAX_WINDOWS: ClassVar[int] = 8  # per request: a session asks for a few windows per pause
 
     pipeline: str = END_OF_TURN
+    admitted: bool = True  # a listening session's end-of-turn check
     windows: tuple[bytes, ...] = field(default=())
 
 
@@ -251,6 +309,17 @@ def from_wire(message: dict[str, Any]) -> EngineRequest:
     return _load(cls, values)
 
 
+EnumT = TypeVar("EnumT", bound=StrEnum)
+
+
+def _member(enum: type[EnumT], value: Any, name: str) -> EnumT:
+    """``value`` as a member of ``enum`` (it may arrive as a plain string), or a ``ValueError`` naming the field."""
+    try:
+        return enum(value)
+    except ValueError:
+        raise ValueError(f"{name} must be one of {', '.join(m.value for m in enum)}, not {value!r}") from None
+
+
 def _load(cls: type[LoadedT], values: Any) -> LoadedT:
     """A dataclass from plain data, nested dataclasses, enums and tuples restored by the annotations."""
     if not isinstance(values, dict):
@@ -281,7 +350,7 @@ def _restore(value: Any, hint: Any) -> Any:
         try:
             return hint(value)
         except ValueError:
-            return value  # reported by the type check
+            return value  # refused by the dataclass, which says which values it takes
     return value
 
 
@@ -295,6 +364,8 @@ def _fits(value: Any, hint: Any) -> bool:
         return isinstance(value, tuple) and all(_fits(v, item) for v in value)
     if hint is Any:
         return True
+    if isinstance(hint, type) and issubclass(hint, StrEnum):
+        return isinstance(value, str)  # its dataclass converts it, or refuses it by name
     if hint is type(None):
         return value is None
     if hint is float:

@@ -1,6 +1,10 @@
 """Process-wide engine: the model registry, the one scheduler that owns this process's devices, and
 its readiness.
 
+It reads no settings: the wiring (``omniweb.wiring``) gives it its ``EngineConfig`` and, in the
+Redis mode, the client of the workers elsewhere (``configure``); this module then only holds the
+process's one scheduler and one client.
+
 The scheduler starts at once and the pipelines load behind it, one by one, in a background thread:
 a request for a pipeline still loading is refused as ``starting`` (the in-process client first waits
 ``ENGINE_READY_WAIT_SECONDS`` for it), one whose models failed to load as ``unavailable``, and every
@@ -18,8 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
-
 from omniweb.base.metrics import LOCAL_WORKER, engine_record, observe_batch, set_local_worker
 
 from .client import EngineClient, LocalEngineClient
@@ -31,6 +33,42 @@ logger = logging.getLogger(__name__)
 _lock = threading.Lock()
 _scheduler: Scheduler | None = None
 _client: EngineClient | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """What the engine is started with (seconds, not the settings' milliseconds); the wiring builds
+    it from the ``OMNIWEB_ENGINE_*`` settings."""
+
+    workers: int
+    max_active: int
+    max_queued: int
+    max_batch: int
+    batch_wait: float
+    max_ahead: float
+    first_media_budget: float
+    first_media_settle: float
+    admit_budget: float
+    ready_wait: float  # an in-process request waits this long for its pipeline's models to load
+
+
+_config: EngineConfig | None = None
+# The client of an engine that runs in other processes (the Redis mode's workers), made when first
+# asked for; None: this process runs the engine itself.
+_remote: Callable[[], EngineClient] | None = None
+
+
+def configure(config: EngineConfig, remote: Callable[[], EngineClient] | None = None) -> None:
+    """Called by the wiring when Django starts and when a setting changes; an engine already
+    running keeps its config until it is restarted, and a client already made stays."""
+    global _config, _remote
+    _config, _remote = config, remote
+
+
+def _configured() -> EngineConfig:
+    if _config is None:
+        raise RuntimeError("the engine is not configured: omniweb.wiring.configure_core (Django's start) does it")
+    return _config
 
 
 @dataclass
@@ -50,6 +88,7 @@ class _Loading:
     """The models of the running scheduler: one per engine start (tests stop and start engines)."""
 
     pipelines: dict[str, PipelineLoad] = field(default_factory=dict)
+    workers: int = 0  # the scheduler's (for the "ready" log line)
     done: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
 
@@ -67,21 +106,22 @@ def start_engine() -> Scheduler:
     global _scheduler, _loading
     with _lock:
         if _scheduler is None:
+            config = _configured()
             sched = Scheduler(
                 {},
-                workers=settings.ENGINE_WORKERS,
-                max_active=settings.ENGINE_MAX_ACTIVE,
-                max_queued=settings.ENGINE_MAX_QUEUED,
-                max_batch=settings.ENGINE_MAX_BATCH,
-                batch_wait=settings.ENGINE_BATCH_WAIT_MS / 1000.0,
-                max_ahead=settings.ENGINE_MAX_AHEAD_SECONDS,
+                workers=config.workers,
+                max_active=config.max_active,
+                max_queued=config.max_queued,
+                max_batch=config.max_batch,
+                batch_wait=config.batch_wait,
+                max_ahead=config.max_ahead,
                 on_batch=observe_batch,
-                first_media_budget=settings.ENGINE_FIRST_AUDIO_BUDGET_MS / 1000.0,
-                first_media_settle=settings.ENGINE_FIRST_AUDIO_SETTLE_MS / 1000.0,
-                admit_budget=settings.ENGINE_ADMIT_BUDGET_MS / 1000.0,
+                first_media_budget=config.first_media_budget,
+                first_media_settle=config.first_media_settle,
+                admit_budget=config.admit_budget,
             )
             factories = dict(_factories)
-            loading = _Loading(pipelines={name: PipelineLoad() for name in factories})
+            loading = _Loading(pipelines={name: PipelineLoad() for name in factories}, workers=config.workers)
             for name in factories:
                 sched.pipeline_loading(name)
             sched.start()
@@ -121,7 +161,7 @@ def _load(sched: Scheduler, factories: dict[str, Callable[[], Pipeline]], loadin
             time.monotonic() - started,
             ", ".join(ready) or "none",
             f"; failed to load: {', '.join(failed)}" if failed else "",
-            settings.ENGINE_WORKERS,
+            loading.workers,
         )
     finally:
         loading.done.set()
@@ -181,62 +221,22 @@ def engine_status() -> dict[str, Any] | None:
     }
 
 
-class WorkerRoom:
-    """Whether some ready worker has room for a new request, by the load-shedding estimates its
-    heartbeat publishes; the heartbeats are read at most once per heartbeat period."""
-
-    def __init__(self, budget: float) -> None:
-        self._budget = budget
-        self._beats: list[dict[str, Any]] = []
-        self._read_at = -1e9
-
-    async def __call__(self, pipeline: str, budget: float | None = None) -> float | None:
-        """None when a ready worker would start it within the budget (the request's own, a
-        conversation turn's, else the engine's; or no worker says otherwise), else the seconds
-        until the least loaded one would."""
-        from omniweb.base.metrics import read_heartbeats
-        from omniweb.engine.dispatch import WORKER_BEAT_SECONDS
-
-        now = time.monotonic()
-        if now - self._read_at >= WORKER_BEAT_SECONDS:
-            self._read_at = now
-            self._beats = [b for b in await read_heartbeats() or [] if b.get("up") and b.get("ready", True)]
-        limit = self._budget if budget is None else budget  # own_admit_budget: None or > 0
-        waits = [b.get("estimated_wait_seconds", {}).get(pipeline) for b in self._beats]
-        estimates = [w for w in waits if isinstance(w, int | float)]
-        if not waits or len(estimates) < len(waits) or any(w <= limit for w in estimates):
-            return None  # unknown (no estimate yet, an older worker): the workers decide
-        return min(estimates) - limit
-
-
 def get_engine_client() -> EngineClient:
-    """The client the consumers use: the in-process scheduler, or workers over Redis. Never waits
-    for the models: the in-process engine starts loading them if nothing has yet."""
+    """The client the consumers use: the in-process scheduler, or the workers' (``configure``'s
+    ``remote``). Never waits for the models: the in-process engine starts loading them if nothing has yet."""
     global _client
     if _client is None:
-        if settings.REDIS_URL:
-            from channels.layers import get_channel_layer
-
-            from .dispatch import ChannelEngineClient
-
-            _client = ChannelEngineClient(
-                get_channel_layer(),
-                settings.ENGINE_CHANNEL,
-                lease=settings.ENGINE_LEASE_SECONDS,
-                accept_timeout=settings.ENGINE_ACCEPT_TIMEOUT,
-                redis_url=settings.REDIS_URL,
-                room=WorkerRoom(settings.ENGINE_ADMIT_BUDGET_MS / 1000.0)
-                if settings.ENGINE_ADMIT_BUDGET_MS > 0
-                else None,
-            )
+        remote = _remote
+        if remote is not None:
+            _client = remote()
         else:
-            _client = LocalEngineClient(start_engine(), ready_wait=settings.ENGINE_READY_WAIT_SECONDS)
+            _client = LocalEngineClient(start_engine(), ready_wait=_configured().ready_wait)
     return _client
 
 
 def local_scheduler() -> Scheduler | None:
     """This process's scheduler when it serves requests (embedded mode, started), else None."""
-    return None if settings.REDIS_URL else _scheduler
+    return None if _remote is not None else _scheduler
 
 
 def loaded_engine_client() -> EngineClient | None:

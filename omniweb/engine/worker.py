@@ -26,7 +26,7 @@ from channels.worker import Worker
 from django.conf import settings
 
 from omniweb.base.errors import ErrorKind
-from omniweb.base.metrics import WORKER_KEY_PREFIX, engine_record, serve_worker_metrics
+from omniweb.base.metrics import engine_record, serve_worker_metrics
 from omniweb.base.tasks import spawn
 
 from .client import admission_end
@@ -40,6 +40,7 @@ from .dispatch import (
     restore_blobs,
     send_with_retry,
 )
+from .heartbeats import WORKER_KEY_PREFIX
 from .messages import Chunk, End, split_audio, to_wire
 from .requests import from_wire as request_from_wire
 from .runtime import engine_status, get_scheduler, start_engine

@@ -1,9 +1,10 @@
 """The frame decode pool: every client-frame decode on the transport side runs here, nowhere else.
 
 A decode may be costly by design of a hostile client (a JPEG within the pixel limit still costs
-CPU per scan), so decodes get threads of their own (``OMNIWEB_VIDEO_DECODE_THREADS``) instead of
-the event loop's default executor, which speech sessions share for their audio encoding: a queue of
-slow decodes can then never delay another session's first audio.
+CPU per scan), so decodes get threads of their own (``OMNIWEB_VIDEO_DECODE_THREADS``, given by the
+wiring through ``configure``) instead of the event loop's default executor, which speech sessions
+share for their audio encoding: a queue of slow decodes can then never delay another session's
+first audio.
 
 A decode whose session has gone is abandoned: cancelling the awaiting task (the session's shutdown
 does) cancels its pool future, so a decode still queued never runs, and it lets go of its frame at
@@ -21,12 +22,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
-from django.conf import settings
-
 T = TypeVar("T")
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
+_threads = 2  # until the wiring configures it (the setting's own default)
 _waiting: set[_Job[Any]] = set()  # queued, not started: each holds its frame
 
 
@@ -54,11 +54,17 @@ class _Job(Generic[T]):
             _waiting.discard(self)
 
 
+def configure(threads: int) -> None:
+    """The pool's threads (at least one), read when the first decode starts it."""
+    global _threads
+    _threads = max(1, threads)
+
+
 def decode_pool() -> ThreadPoolExecutor:
     global _pool
     with _lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max(1, settings.VIDEO_DECODE_THREADS), thread_name_prefix="frame-decode")
+            _pool = ThreadPoolExecutor(_threads, thread_name_prefix="frame-decode")
         return _pool
 
 

@@ -29,7 +29,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from hibari import dsp
 
-from omniweb.base import metrics
+from omniweb.base import clocks, metrics
 from omniweb.base.errors import ErrorKind
 from omniweb.conversation import AudioChunk, EngineChunk, SpeechTurn, TurnEnd
 from omniweb.conversation.transcription import transcribe
@@ -177,7 +177,7 @@ def _body(request: HttpRequest) -> bytes:
 
 # -- POST /v1/audio/speech ---------------------------------------------------------------------------
 async def speech(request: HttpRequest) -> HttpResponse:
-    clock = metrics.FirstAudioClock()  # ops: request → first audio bytes, as the WebSocket's input.done → audio
+    clock = clocks.RequestClock()  # ops: request → first audio bytes (omniweb_audio_speech_first_audio_seconds)
     try:
         check_access(request, "POST")
         data = protocol.parse_json_body(request.content_type or "", _body(request))
@@ -256,7 +256,7 @@ async def _speech_body(
     encoder: StreamEncoder,
     params: protocol.SpeechParams,
     sse: bool,
-    clock: metrics.FirstAudioClock,
+    clock: clocks.RequestClock,
     scope: dict[str, Any],
     release: Callable[[], None],
 ) -> AsyncIterator[bytes]:
@@ -295,7 +295,7 @@ async def _speech_body(
                             if offload and not sent:  # the next stream's encoder, once these bytes are out
                                 loop.call_later(SPARE_DELAY, loop.run_in_executor, None, _SPARES.refill, fmt)
                             sent = True
-                            clock.audio_sent(stream=True)  # ops
+                            clock.audio_sent()  # ops
                             yield wrap(out)
                             # Let the server write it out now: while the engine is ahead, the next
                             # chunks are already queued and nothing else here would yield to the loop.

@@ -17,6 +17,15 @@ one of them, in any of three ways:
   on the WebSocket path it was made for (``path``, default the speech stream); removing the API
   token revokes the signed tokens made from it.
 
+**Client secrets** (``ek_...``, from ``POST /v1/realtime/client_secrets``: OpenAI's short-lived keys
+for browsers and phones) are signed the same way, keyed by the API token that asked for one (by
+``SECRET_KEY`` when no tokens are configured), and carry their expiry and the session configuration
+the sessions they open start with; every process with that key accepts them, none keeps them. An
+``ek_`` is presented where an API key goes (``Authorization: Bearer``, or the
+``openai-insecure-api-key.`` subprotocol) on ``/v1/realtime`` only; a forged, expired or revoked one
+is refused whether or not tokens are configured. The session configuration reaches the consumer as
+``scope[CLIENT_SECRET_SCOPE_KEY]``.
+
 Comparisons are constant-time (``hmac.compare_digest``). A refused connection gets its handshake
 closed (HTTP 403) before any consumer runs and counts in ``omniweb_errors_total{kind="auth"}``.
 
@@ -36,6 +45,7 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -59,6 +69,12 @@ SIGNED_TOKEN_PARAM = "token"
 DEFAULT_TOKEN_PATH = "/v1/audio/speech/stream"  # what POST /v1/ws-token binds a token to by default
 _SIGNER_SALT = "omniweb.ws-token"
 _FORWARDING_HEADERS = (b"x-forwarded-for", b"forwarded", b"x-real-ip")
+CLIENT_SECRET_PREFIX = "ek_"
+CLIENT_SECRET_PATH = "/v1/realtime"  # where a client secret opens sessions (WebSocket)
+CLIENT_SECRET_SCOPE_KEY = "omniweb.client_secret"  # the session configuration a connection's secret carries
+# A client secret travels in a header: with the other headers it must fit daphne's (Twisted's) 16 KiB.
+MAX_CLIENT_SECRET_CHARS = 8192
+_CLIENT_SECRET_SALT = "omniweb.realtime.client-secret"
 
 _open_per_client: Counter[str] = Counter()  # this process's open connections by client address
 _warned_unforwarded_proxy = False
@@ -117,6 +133,51 @@ def check_signed_token(value: str, tokens: Sequence[str], path: str) -> bool:
                 return False
             return True
     return False
+
+
+def _client_secret_signer(key: str) -> signing.Signer:
+    # "." joins the parts: a client secret must be a valid WebSocket subprotocol token (no ":").
+    return signing.Signer(key=key, salt=_CLIENT_SECRET_SALT, sep=".")
+
+
+def sign_client_secret(data: Any, expires_at: int, api_token: str | None) -> str:
+    """A client secret (``ek_...``) carrying ``data`` (JSON) until ``expires_at`` (epoch seconds),
+    keyed by ``api_token`` (``SECRET_KEY`` when tokens are off)."""
+    key = api_token if api_token is not None else settings.SECRET_KEY
+    return CLIENT_SECRET_PREFIX + _client_secret_signer(key).sign_object(
+        {"exp": expires_at, "data": data}, compress=True
+    )
+
+
+def open_client_secret(value: str) -> Any | None:
+    """The data of a client secret this server signed with a key it still has, before its expiry;
+    None for anything else (forged, expired, revoked, not one). Constant-time per key."""
+    if not value.startswith(CLIENT_SECRET_PREFIX) or len(value) > MAX_CLIENT_SECRET_CHARS:
+        return None
+    signed = value.removeprefix(CLIENT_SECRET_PREFIX)
+    for key in api_tokens() or [settings.SECRET_KEY]:
+        try:
+            payload = _client_secret_signer(key).unsign_object(signed)
+        except signing.BadSignature:
+            continue
+        if isinstance(payload, dict) and isinstance(payload.get("exp"), int) and payload["exp"] > time.time():
+            return payload.get("data")
+        return None
+    return None
+
+
+def presented_client_secret(scope: dict[str, Any], offered: Sequence[str]) -> str | None:
+    """An ``ek_`` the connection presents where an API key goes (bearer, OpenAI's subprotocol)."""
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            bearer = parse_bearer(value.decode("latin1"))
+            if bearer is not None and bearer.startswith(CLIENT_SECRET_PREFIX):
+                return bearer
+    for proto in offered:
+        key = proto.removeprefix(OPENAI_KEY_PROTOCOL_PREFIX)
+        if proto.startswith(OPENAI_KEY_PROTOCOL_PREFIX) and key.startswith(CLIENT_SECRET_PREFIX):
+            return key
+    return None
 
 
 def authenticate(scope: dict[str, Any], tokens: Sequence[str]) -> str | None:
@@ -244,7 +305,16 @@ class WebsocketAccess:
         # The consumer never sees a token offered as a subprotocol.
         scope = {**scope, "subprotocols": [p for p in offered if not p.startswith(_SECRET_PROTOCOL_PREFIXES)]}
         tokens = api_tokens()
-        if tokens:
+        secret = presented_client_secret(scope, offered)
+        if secret is not None:  # a client secret opens a realtime session with its configuration
+            config = open_client_secret(secret) if scope.get("path") == CLIENT_SECRET_PATH else None
+            if not isinstance(config, dict):
+                metrics.count_error("auth")
+                logger.info("WebSocket %s refused: the client secret is not valid here", scope.get("path"))
+                return await deny_handshake(receive, send)
+            scope["omniweb.web.auth"] = "client-secret"
+            scope[CLIENT_SECRET_SCOPE_KEY] = config
+        elif tokens:
             method = authenticate({**scope, "subprotocols": offered}, tokens)
             if method is None:
                 metrics.count_error("auth")

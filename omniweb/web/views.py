@@ -18,6 +18,7 @@ from django.views.decorators.http import require_GET, require_POST
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from omniweb.base import metrics
+from omniweb.engine import heartbeats
 from omniweb.media.containers import SAMPLE_RATE as OUTPUT_SAMPLE_RATE  # the voice's PCM, as the page plays it
 
 from . import auth
@@ -47,8 +48,8 @@ async def healthz(request: HttpRequest) -> HttpResponse:
     models loaded, or a ready worker over Redis), else 503 with what is still loading or broken."""
     from omniweb.engine import runtime
 
-    layer, (workers, _) = await asyncio.gather(metrics.layer_status(), metrics.engine_workers())
-    redis_mode = metrics.redis_mode()
+    layer, (workers, _) = await asyncio.gather(heartbeats.layer_status(), heartbeats.engine_workers())
+    redis_mode = heartbeats.redis_mode()
     # In Redis mode requests go to the workers over the layer: this process's own engine (if any
     # code started one) does not count.
     serving = [w for w in workers if w["up"] and not (redis_mode and w["worker"] == metrics.LOCAL_WORKER)]
@@ -111,7 +112,7 @@ def _readiness(local: dict[str, Any] | None, serving: list[dict[str, Any]], redi
 
 @require_GET
 async def metrics_view(request: HttpRequest) -> HttpResponse:
-    workers, _ = await metrics.engine_workers()
+    workers, _ = await heartbeats.engine_workers()
     return _no_store(HttpResponse(metrics.render(workers), content_type=CONTENT_TYPE_LATEST))
 
 

@@ -39,6 +39,7 @@ from omniweb.engine.contracts import (
 from omniweb.engine.messages import Chunk, CodecCodes, End, SentenceEnd, SentenceStart
 from omniweb.engine.requests import SPEECH_CODEC, EngineRequest, SpeakRequest, expect
 from speech.tts.loops import (
+    CALIBRATION_TEXT,
     SENTENCES,
     TALKER_DONE,
     TalkerLoop,
@@ -58,7 +59,6 @@ logger = logging.getLogger(__name__)
 CODEC_PIPELINE = SPEECH_CODEC
 CODES = "codec_sentences"  # slot: deque[SentenceCodes], encoder → codec vocoder ("pcm" output only)
 CODES_DONE = "codec_encoder_done"  # slot: bool, the encoder has published its last sentence
-OUTPUTS = ("codes", "pcm")
 
 _codec_lock = threading.Lock()
 _codec: Codec | None = None
@@ -429,10 +429,11 @@ class CodecPipeline:
     def validate(self, request: EngineRequest) -> None:
         if self.unavailable is not None:
             raise ValueError(f"the codec is unavailable: {self.unavailable}")
-        speak = expect(request, SpeakRequest)
-        if speak.codec_output not in OUTPUTS:
-            raise ValueError(f"codec_output must be one of {', '.join(OUTPUTS)}")
-        validate_voice(speak, self.talker.caps.voices)
+        validate_voice(expect(request, SpeakRequest), self.talker.caps.voices)  # codec_output: a CodecOutput
+
+    def calibration_request(self) -> SpeakRequest | None:
+        """What admission measures this pipeline's costs on when it loads (``engine.calibration``)."""
+        return None if self.unavailable else SpeakRequest(pipeline=CODEC_PIPELINE, text=CALIBRATION_TEXT, seed=0)
 
     def finish(self, finals: list[dict[str, Any]]) -> End:
         return speech_end(finals)

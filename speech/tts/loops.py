@@ -43,6 +43,8 @@ from .model import HibariTalker, SentenceFrames
 from .vocoder import SAMPLE_RATE, SpectralBackend, VocoderStream, run_chunks_batched
 
 PIPELINE = SPEECH
+# Two Harvard sentences: a typical request, what admission prices a new one at before any has run.
+CALIBRATION_TEXT = "The birch canoe slid on the smooth planks. Glue the sheet to the dark blue background."
 SENTENCES = "sentences"  # slot: deque[SentenceFrames], talker → vocoder
 TALKER_DONE = "talker_done"
 TALKER_LEAD_SECONDS = 1.0  # synthesize the next sentence this long before the listener needs it
@@ -399,8 +401,9 @@ class TtsPipeline:
 
     name = PIPELINE
 
-    def __init__(self) -> None:
-        self.talker = HibariTalker()
+    def __init__(self, talker: HibariTalker | None = None) -> None:
+        """``talker``: the process's shared (thread-safe) talker, instead of loading the voice again."""
+        self.talker = talker or HibariTalker()
         self.loops = (
             TalkerLoop(self.talker, settings.TALKER_LOOKAHEAD),
             VocoderLoop(settings.VOCODER_CHUNK_FRAMES, settings.VOCODER_FIRST_CHUNK_FRAMES, vocoder_backend()),
@@ -408,6 +411,10 @@ class TtsPipeline:
 
     def validate(self, request: EngineRequest) -> None:
         validate_voice(expect(request, SpeakRequest), self.talker.caps.voices)
+
+    def calibration_request(self) -> SpeakRequest:
+        """What admission measures this pipeline's costs on when it loads (``engine.calibration``)."""
+        return SpeakRequest(pipeline=PIPELINE, text=CALIBRATION_TEXT, seed=0)
 
     def finish(self, finals: list[dict[str, Any]]) -> End:
         return speech_end(finals)

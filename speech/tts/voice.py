@@ -3,7 +3,7 @@ so the other endpoints speak with it by name, without importing speech."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -17,6 +17,11 @@ from .model import HibariTalker, capabilities
 
 
 class HibariVoice:
+    def __init__(self, talker: Callable[[], HibariTalker]) -> None:
+        """``talker``: gives the process's one talker (the speech pipelines speak with it too), loading
+        it in the engine process that first needs it."""
+        self._talker = talker
+
     def capabilities(self) -> Capabilities:
         return capabilities()
 
@@ -24,9 +29,8 @@ class HibariVoice:
         return split_text(text, "sentence")
 
     def speaking_loops(self) -> Sequence[Any]:
-        talker = HibariTalker()  # loads the voice in the engine process that builds the pipeline
         return (
-            TalkerLoop(talker, settings.TALKER_LOOKAHEAD, incremental=True),
+            TalkerLoop(self._talker(), settings.TALKER_LOOKAHEAD, incremental=True),
             VocoderLoop(settings.VOCODER_CHUNK_FRAMES, settings.VOCODER_FIRST_CHUNK_FRAMES, vocoder_backend()),
         )
 

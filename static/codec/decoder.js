@@ -1,3 +1,4 @@
+// @ts-check
 // omniweb codec decoder for browsers and Node (ES module, no build step, no dependencies).
 //
 // Decodes the codec-token stream of `output_mode: "codec_tokens"` into 24 kHz float samples, the
@@ -61,7 +62,10 @@ for (let j = 0; j < HOP; j++) {
   U[j] = (j + 0.5) / HOP + (j < HOP / 2 ? 0.5 : -0.5);
   V[j] = 1.0 - U[j];
 }
-// 1 / summed squared window for a block, given which of its four frames exist (float32 as numpy)
+/**
+ * 1 / summed squared window for a block, given which of its four frames exist (float32 as numpy)
+ * @param {boolean[]} parts
+ */
 function normRow(parts) {
   const w = new Float64Array(HOP);
   for (const p of [3, 2, 1, 0]) {
@@ -73,6 +77,9 @@ function normRow(parts) {
 const NORM_MID = normRow([true, true, true, true]);
 
 // -- wire ------------------------------------------------------------------------------------------
+/** @typedef {ArrayBuffer | ArrayBufferView} Bytes */
+
+/** @param {Bytes} buf */
 function asBytes(buf) {
   if (buf instanceof Uint8Array) return buf;
   if (buf instanceof ArrayBuffer) return new Uint8Array(buf);
@@ -80,7 +87,11 @@ function asBytes(buf) {
   throw new TypeError("expected an ArrayBuffer or a typed array");
 }
 
-/** One binary frame: 7-byte little-endian <IHB header (seq, n_frames, flags) + int16 frame-major body. */
+/**
+ * One binary frame: 7-byte little-endian <IHB header (seq, n_frames, flags) + int16 frame-major body.
+ * @param {Bytes} buf
+ * @param {number} codebooks
+ */
 export function parsePacket(buf, codebooks) {
   const bytes = asBytes(buf);
   if (bytes.length < HEADER_SIZE) throw new Error("codec frame shorter than its header");
@@ -118,18 +129,53 @@ const CRC_TABLE = (() => {
   return t;
 })();
 
+/** @param {Uint8Array} bytes */
 function crc32(bytes) {
   let c = 0xffffffff;
   for (let i = 0; i < bytes.length; i++) c = CRC_TABLE[(c ^ bytes[i]) & 0xff] ^ (c >>> 8);
   return (c ^ 0xffffffff) >>> 0;
 }
 
+/**
+ * One array of the table: where it lies in the payload, its shape and how its numbers are stored.
+ * @typedef {{ name: string, shape: number[], dtype: string, offset: number, scale_exp?: number | null }} ArraySpec
+ */
+
+/**
+ * The table's arrays by name: f0_table, dec_mean, dec_harmonic, dec_aperiodic, codebook0...
+ * @typedef {Record<string, Float64Array>} Arrays
+ */
+
+/**
+ * The checked table: its JSON header, its arrays, and their sizes (K codebooks of C codewords; dh
+ * harmonic and da aperiodic dimensions, D in all).
+ * @typedef {{ header: TableHeader, arrays: Arrays, K: number, C: number, dh: number, da: number, D: number }} Table
+ */
+
+/**
+ * The table's JSON header.
+ * @typedef {object} TableHeader
+ * @property {number} version
+ * @property {string} decoder_id
+ * @property {number} crc32  of the payload
+ * @property {number} codebooks
+ * @property {number} codebook_size
+ * @property {number} frame_rate_hz
+ * @property {number} sample_rate
+ * @property {{ harmonic: number, aperiodic: number }} dims
+ * @property {ArraySpec[]} arrays
+ */
+
+/**
+ * @param {Uint8Array} payload
+ * @param {ArraySpec} spec
+ */
 function readArray(payload, spec) {
   const count = spec.shape.reduce((a, b) => a * b, 1);
   const dv = new DataView(payload.buffer, payload.byteOffset, payload.byteLength);
   const out = new Float64Array(count);
   const scale = spec.scale_exp == null ? 1 : 2 ** -spec.scale_exp;
-  const size = { "<i2": 2, "<f4": 4 }[spec.dtype];
+  const size = spec.dtype === "<i2" ? 2 : spec.dtype === "<f4" ? 4 : 0;
   if (!size) throw new Error(`codec table: unsupported dtype ${spec.dtype} for ${spec.name}`);
   if (spec.offset + count * size > payload.length) throw new Error(`codec table: ${spec.name} runs past the end`);
   for (let i = 0; i < count; i++) {
@@ -139,7 +185,11 @@ function readArray(payload, spec) {
   return out;
 }
 
-/** Parse and check an OWCT table (magic, CRC32 of the payload, version, decoder id, shapes). */
+/**
+ * Parse and check an OWCT table (magic, CRC32 of the payload, version, decoder id, shapes).
+ * @param {Bytes} buf
+ * @returns {Table}
+ */
 export function parseTable(buf) {
   const bytes = asBytes(buf);
   const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
@@ -147,6 +197,7 @@ export function parseTable(buf) {
     throw new Error("codec table: not an OWCT file");
   }
   const hlen = dv.getUint32(4, true);
+  /** @type {TableHeader} */
   const header = JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + hlen)));
   const base = 8 + hlen + ((8 - ((8 + hlen) % 8)) % 8);
   const payload = bytes.subarray(base);
@@ -159,7 +210,9 @@ export function parseTable(buf) {
   const dh = header.dims.harmonic;
   const da = header.dims.aperiodic;
   const D = dh + da;
+  /** @type {Record<string, ArraySpec>} */
   const specs = Object.fromEntries(header.arrays.map((a) => [a.name, a]));
+  /** @type {Record<string, number[]>} */
   const want = {
     f0_table: [C],
     dec_mean: [2, N_BINS],
@@ -167,6 +220,7 @@ export function parseTable(buf) {
     dec_aperiodic: [da, N_BINS],
   };
   for (let s = 0; s < K - 1; s++) want[`codebook${s}`] = [C, D];
+  /** @type {Arrays} */
   const arrays = {};
   for (const [name, shape] of Object.entries(want)) {
     const spec = specs[name];
@@ -178,6 +232,7 @@ export function parseTable(buf) {
   return { header, arrays, K, C, dh, da, D };
 }
 
+/** @param {Uint8Array} bytes */
 async function sha256Hex(bytes) {
   const digest = await globalThis.crypto.subtle.digest("SHA-256", bytes);
   return Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
@@ -195,7 +250,10 @@ export async function loadCodec(url = new URL("./hibari-rvq-v1.owct", import.met
   return codecFromBytes(bytes);
 }
 
-/** Build the codec from the table's bytes (the CRC32 is checked; use loadCodec for SHA-256 too). */
+/**
+ * Build the codec from the table's bytes (the CRC32 is checked; use loadCodec for SHA-256 too).
+ * @param {Bytes} buf
+ */
 export function codecFromBytes(buf) {
   return new Codec(parseTable(buf));
 }
@@ -214,7 +272,11 @@ for (let i = 0; i < N_FFT / 2; i++) {
   SIN[i] = -Math.sin((2 * Math.PI * i) / N_FFT);
 }
 
-/** Forward DFT X_k = sum x_n e^{-2 pi i k n / N} of (re, im), in place. */
+/**
+ * Forward DFT X_k = sum x_n e^{-2 pi i k n / N} of (re, im), in place.
+ * @param {Float64Array} re
+ * @param {Float64Array} im
+ */
 function fft(re, im) {
   for (let i = 0; i < N_FFT; i++) {
     const j = BITREV[i];
@@ -248,6 +310,7 @@ function fft(re, im) {
 }
 
 // -- codec -----------------------------------------------------------------------------------------
+/** @param {number} x */
 function lowbias32(x) {
   x ^= x >>> 16;
   x = Math.imul(x, 0x7feb352d);
@@ -258,6 +321,7 @@ function lowbias32(x) {
 }
 
 export class Codec {
+  /** @param {Table} table */
   constructor(table) {
     this.table = table;
     this.decoderId = table.header.decoder_id;
@@ -278,10 +342,14 @@ export class Codec {
     };
   }
 
-  /** True if a codec.start message describes a stream this table decodes. */
+  /**
+   * True if a codec.start message describes a stream this table decodes.
+   * @param {object} msg
+   */
   accepts(msg) {
-    const s = this.spec();
-    return Object.keys(s).every((k) => msg[k] === s[k]);
+    /** @type {Record<string, unknown>} */
+    const fields = { ...msg };
+    return Object.entries(this.spec()).every(([k, v]) => fields[k] === v);
   }
 
   /** Fresh streaming decoder for one sentence. */
@@ -289,7 +357,11 @@ export class Codec {
     return new CodecDecoder(this);
   }
 
-  /** Log envelopes (harmonic bins then aperiodic bins, float32 values) of one code row. */
+  /**
+   * Log envelopes (harmonic bins then aperiodic bins, float32 values) of one code row.
+   * @param {ArrayLike<number>} codes
+   * @param {number} row
+   */
   envelope(codes, row) {
     const { arrays, K, D, dh } = this.table;
     const coef = new Float64Array(D);
@@ -322,17 +394,22 @@ export class Codec {
 }
 
 export class CodecDecoder {
+  /** @param {Codec} codec */
   constructor(codec) {
     this.codec = codec;
+    /** @type {number[]} */
     this.f0 = []; // Hz of every frame received (0 = unvoiced)
+    /** @type {Float64Array[]} */
     this.envs = []; // envelopes of frames not yet synthesized
     this.n = 0; // frames received
     this.synth = 0; // frames synthesized
     this.emitted = 0; // output blocks returned
     this.nextBlock = -2; // next pulse block to generate (the first window starts at sample -600)
     this.firstBlock = -2; // block index of pulses[0]
+    /** @type {Float64Array[]} */
     this.pulses = []; // Float64Array(300) per block, values rounded to float32
     this.acc = 0.0; // pulse phase in cycles
+    /** @type {Float64Array[]} */
     this.ola = []; // Float64Array(300) per block [emitted, ...)
     this.flushed = false;
     this.re = new Float64Array(N_FFT);
@@ -343,7 +420,10 @@ export class CodecDecoder {
     return this.n;
   }
 
-  /** codes: Int16Array (or any integer array) of nRows * codebooks ids, frame-major. */
+  /**
+   * codes: Int16Array (or any integer array) of nRows * codebooks ids, frame-major.
+   * @param {ArrayLike<number>} codes
+   */
   push(codes) {
     if (this.flushed) throw new Error("decoder already flushed: start a new one for the next sentence");
     const { codebooks: K, codebookSize: C } = this.codec;
@@ -369,10 +449,15 @@ export class CodecDecoder {
     return this.step(true);
   }
 
+  /** @param {boolean} final */
   step(final) {
     const stop = final ? this.n : Math.max(this.synth, this.n - 2);
     if (this.n) this.pulseUntil(final ? this.n : this.n - 2);
-    for (let k = this.synth; k < stop; k++) this.addFrame(k, this.synthFrame(k, this.envs.shift()));
+    for (let k = this.synth; k < stop; k++) {
+      const env = this.envs.shift(); // pushed with its frame: one per frame not yet synthesized
+      if (!env) throw new Error(`codec decoder: no envelope for frame ${k}`);
+      this.addFrame(k, this.synthFrame(k, env));
+    }
     this.synth = Math.max(this.synth, stop);
     while (this.firstBlock < this.synth - 2 && this.pulses.length) {
       this.pulses.shift();
@@ -398,8 +483,10 @@ export class CodecDecoder {
     return out;
   }
 
+  /** @param {number} last */
   pulseUntil(last) {
     const f = this.f0;
+    /** @param {number} i */
     const at = (i) => f[Math.min(Math.max(i, 0), f.length - 1)];
     for (let m = this.nextBlock; m <= last; m++) {
       const fp = at(m - 1);
@@ -436,6 +523,10 @@ export class CodecDecoder {
     this.nextBlock = Math.max(this.nextBlock, last + 1);
   }
 
+  /**
+   * @param {number} k
+   * @param {Float64Array} env
+   */
   synthFrame(k, env) {
     const { re, im } = this;
     re.fill(0);
@@ -471,6 +562,10 @@ export class CodecDecoder {
     return frame;
   }
 
+  /**
+   * @param {number} k
+   * @param {Float64Array} frame
+   */
   addFrame(k, frame) {
     for (let p = 0; p < 4; p++) {
       const b = k - 2 + p;

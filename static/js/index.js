@@ -1,17 +1,45 @@
+// @ts-check
 // The start page: the server's readiness from /healthz, in words.
 //
 // /healthz answers 503 while the models load or when nothing can serve, with the same JSON body as
 // its 200, so the page reads the body whatever the status. While the server starts it asks again
 // every second, so the page turns to "Ready" without a reload.
+import { byId, errorText } from "./common.js";
+
+/**
+ * What /healthz says (docs/operations.md), as far as this page reads it.
+ * @typedef {object} Engine
+ * @property {string} [mode]  "embedded" or "redis"
+ * @property {string} [state]
+ * @property {string[]} [loading]
+ * @property {Record<string, string | null>} [failed]  pipeline → why
+ * @property {Record<string, { state: string }>} [pipelines]
+ * @property {number} [workers_up]
+ * @property {number} [workers_ready]
+ * @property {number} [active]
+ * @property {number} [queued]
+ *
+ * @typedef {object} Health
+ * @property {string} status  "ready", "degraded", "starting" or "unavailable"
+ * @property {Engine} [engine]
+ * @property {{ reachable?: boolean }} [channel_layer]
+ */
 
 const RECHECK_MS = 1000;
 
-const box = document.getElementById("health");
-const text = document.getElementById("health-text");
-const details = document.getElementById("health-details");
-let recheck = null; // the pending re-check while the server starts
-let latest = 0; // the newest check: an older answer arriving late is dropped
+const box = byId("health", HTMLElement);
+const text = byId("health-text", HTMLElement);
+const details = byId("health-details", HTMLDListElement);
+const checks = {
+  /** @type {ReturnType<typeof setTimeout> | undefined} the pending re-check while the server starts */
+  recheck: undefined,
+  latest: 0, // the newest check: an older answer arriving late is dropped
+};
 
+/**
+ * @param {string} term
+ * @param {string} value
+ */
 function fact(term, value) {
   const dt = document.createElement("dt");
   dt.textContent = term;
@@ -20,14 +48,22 @@ function fact(term, value) {
   return [dt, dd];
 }
 
-// "a (why), b (why)": each failed pipeline with the reason it gave.
+/**
+ * "a (why), b (why)": each failed pipeline with the reason it gave.
+ * @param {Record<string, string | null> | undefined} failed
+ * @param {string} verb
+ */
 function failures(failed, verb) {
   return Object.entries(failed || {})
     .map(([name, reason]) => (reason ? `${name} ${verb} (${reason})` : `${name} ${verb}`))
     .join(", ");
 }
 
-// [pill state, sentence] for a /healthz body.
+/**
+ * [pill state, sentence] for a /healthz body.
+ * @param {Health} body
+ * @returns {[string, string]}
+ */
 function describe(body) {
   const engine = body.engine || {};
   switch (body.status) {
@@ -53,35 +89,40 @@ function describe(body) {
   }
 }
 
-// "4 of 5 loaded, 1 failed", or nothing before the engine lists its pipelines.
+/**
+ * "4 of 5 loaded, 1 failed", or nothing before the engine lists its pipelines.
+ * @param {Engine} engine
+ */
 function models(engine) {
   const states = Object.values(engine.pipelines || {}).map((p) => p.state);
   if (!states.length) return null;
+  /** @param {string} state */
   const count = (state) => states.filter((s) => s === state).length;
   const failed = count("failed");
   return `${count("ready")} of ${states.length} loaded${failed ? `, ${failed} failed` : ""}`;
 }
 
 async function check({ quiet = false } = {}) {
-  clearTimeout(recheck);
-  recheck = null;
-  const mine = ++latest;
+  clearTimeout(checks.recheck);
+  checks.recheck = undefined;
+  const mine = ++checks.latest;
   if (!quiet) {
     box.dataset.state = "checking";
     text.textContent = "Checking…";
   }
+  /** @type {Health} */
   let body;
   try {
     const response = await fetch("/healthz", { cache: "no-store" });
     body = await response.json();
   } catch (err) {
-    if (mine !== latest) return;
+    if (mine !== checks.latest) return;
     box.dataset.state = "down";
-    text.textContent = `The server did not answer (${err.message}).`;
+    text.textContent = `The server did not answer (${errorText(err)}).`;
     details.hidden = true;
     return;
   }
-  if (mine !== latest) return;
+  if (mine !== checks.latest) return;
   const engine = body.engine || {};
   const [state, sentence] = describe(body);
   box.dataset.state = state;
@@ -95,8 +136,8 @@ async function check({ quiet = false } = {}) {
   facts.push(...fact("Requests active / queued", `${engine.active ?? 0} / ${engine.queued ?? 0}`));
   details.replaceChildren(...facts);
   details.hidden = false;
-  if (state === "starting") recheck = setTimeout(() => check({ quiet: true }), RECHECK_MS);
+  if (state === "starting") checks.recheck = setTimeout(() => check({ quiet: true }), RECHECK_MS);
 }
 
-document.getElementById("health-refresh").addEventListener("click", () => check());
+byId("health-refresh", HTMLButtonElement).addEventListener("click", () => check());
 check();

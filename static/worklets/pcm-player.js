@@ -1,7 +1,8 @@
 // AudioWorklet: plays pushed PCM chunks back to back on the audio thread, so consecutive chunks join
-// sample-exact (no gaps, no clicks). Reads at the source rate; when the context runs at another rate
-// it steps through the source with linear interpolation. Counts what it received and played and
-// reports that to the page a few dozen times a second.
+// sample-exact (no gaps, no clicks). Reads each chunk at the rate it was pushed with (the rate the
+// server states for it); when the context runs at another rate it steps through the source with
+// linear interpolation. Counts what it received and played (source samples) and reports that to the
+// page a few dozen times a second.
 
 const REPORT_SECONDS = 0.02;
 const FADE_SECONDS = 0.008; // a stop ramps down this long instead of cutting mid-wave
@@ -10,9 +11,8 @@ class PcmPlayerProcessor extends AudioWorkletProcessor {
   constructor(options) {
     super();
     const opts = options.processorOptions || {};
-    this.sourceRate = opts.sourceRate || sampleRate;
-    this.step = this.sourceRate / sampleRate;
-    this.prebuffer = Math.round(((opts.prebufferMs ?? 60) / 1000) * this.sourceRate);
+    this.sourceRate = opts.sourceRate || sampleRate; // for chunks pushed without a rate
+    this.prebufferSeconds = (opts.prebufferMs ?? 60) / 1000;
     this.reportEvery = Math.round(REPORT_SECONDS * sampleRate);
     this.fadeLength = Math.max(1, Math.round(FADE_SECONDS * sampleRate));
     this.reset();
@@ -20,7 +20,7 @@ class PcmPlayerProcessor extends AudioWorkletProcessor {
   }
 
   reset() {
-    this.chunks = [];
+    this.chunks = []; // { samples, step }: step = the chunk's rate / the context's rate
     this.position = 0; // fractional read position inside chunks[0]
     this.queued = 0; // source samples not yet played
     this.received = 0;
@@ -35,7 +35,7 @@ class PcmPlayerProcessor extends AudioWorkletProcessor {
   onMessage(msg) {
     if (msg.type === "push") {
       if (msg.samples.length === 0) return;
-      this.chunks.push(msg.samples);
+      this.chunks.push({ samples: msg.samples, step: (msg.rate || this.sourceRate) / sampleRate });
       this.queued += msg.samples.length;
       this.received += msg.samples.length;
       this.ended = false;
@@ -74,21 +74,22 @@ class PcmPlayerProcessor extends AudioWorkletProcessor {
 
   /** The next output sample, or null when no source sample is queued. */
   next() {
-    const chunk = this.chunks[0];
-    if (!chunk) return null;
+    const head = this.chunks[0];
+    if (!head) return null;
+    const chunk = head.samples;
     const i = Math.floor(this.position);
     let value = chunk[i];
-    if (this.step !== 1) {
+    if (head.step !== 1) {
       const frac = this.position - i;
-      const after = i + 1 < chunk.length ? chunk[i + 1] : this.chunks[1] ? this.chunks[1][0] : value;
+      const after = i + 1 < chunk.length ? chunk[i + 1] : this.chunks[1] ? this.chunks[1].samples[0] : value;
       value += (after - value) * frac;
     }
-    this.position += this.step;
+    this.position += head.step;
     const consumed = Math.floor(this.position) - i;
     this.played += consumed;
     this.queued -= consumed;
-    while (this.chunks.length && this.position >= this.chunks[0].length) {
-      this.position -= this.chunks[0].length;
+    while (this.chunks.length && this.position >= this.chunks[0].samples.length) {
+      this.position -= this.chunks[0].samples.length;
       this.chunks.shift();
     }
     if (!this.chunks.length) {
@@ -103,7 +104,8 @@ class PcmPlayerProcessor extends AudioWorkletProcessor {
     const channel = output[0];
     for (let n = 0; n < channel.length; n++) {
       if (!this.started) {
-        if (this.queued > 0 && (this.queued >= this.prebuffer || this.ended)) {
+        const prebuffer = this.queued > 0 ? this.prebufferSeconds * this.chunks[0].step * sampleRate : 0;
+        if (this.queued > 0 && (this.queued >= prebuffer || this.ended)) {
           this.started = true;
           this.report("start");
         } else {

@@ -193,3 +193,41 @@ class HoldPipeline:
 
     def release(self) -> None:
         self.released.set()
+
+
+CEILING = 30.0  # seconds a test waits for what it arranged: a hang still fails, a slow CI box does not
+
+
+class Gate:
+    """A step the test holds: the step calls ``hold`` (``entered`` is set) and runs on until the test
+    calls ``open``. A worker is busy on purpose, or a request is caught mid-step, for exactly as long
+    as the test needs it, never for a guessed time."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+
+    def hold(self) -> None:
+        """Called by the held step, on its worker."""
+        self.entered.set()
+        assert self.opened.wait(CEILING), "a held step was never let go"
+
+    def wait_entered(self) -> None:
+        assert self.entered.wait(CEILING), "the held step never started"
+
+    def open(self) -> None:
+        self.opened.set()
+
+
+class ManualClock:
+    """A scheduler's clock (``clock=``) that moves only when the test moves it: pacing, the settle
+    time and the batching window then end when the test says so, not when a busy machine gets to it."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

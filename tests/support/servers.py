@@ -36,23 +36,26 @@ def daphne_args(port: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def live_daphne(**env: str) -> Iterator[str]:
+def live_daphne(*, redis_url: str | None = None, **env: str) -> Iterator[str]:
     """daphne (``daphne_args``) on a free port, as ``live_server`` runs it; yields the base URL."""
     port = free_port()
-    with live_server(daphne_args(port), port, **env) as url:
+    with live_server(daphne_args(port), port, redis_url=redis_url, **env) as url:
         yield url
 
 
 @contextlib.contextmanager
-def live_server(args: list[str], port: int, **env: str) -> Iterator[str]:
+def live_server(args: list[str], port: int, *, redis_url: str | None = None, **env: str) -> Iterator[str]:
     """The app served by ``python <args>`` (runserver or daphne) on a loopback port.
 
     Yields the base URL (``http://127.0.0.1:<port>``) once /healthz says the engine has loaded:
     daphne drops a WebSocket handshake that waits over 5 s, so no session may race the model load.
-    The server's output goes to a file (a pipe nobody reads would block a chatty server).
+    The server's output goes to a file (a pipe nobody reads would block a chatty server). In Redis
+    mode only when ``redis_url`` says so (``redis_stack``'s): never the environment's.
     """
     full_env = {**os.environ, "DJANGO_SETTINGS_MODULE": "omniweb.settings", "PYTHONUNBUFFERED": "1", **env}
     full_env.pop("OMNIWEB_REDIS_URL", None)
+    if redis_url is not None:
+        full_env["OMNIWEB_REDIS_URL"] = redis_url
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)

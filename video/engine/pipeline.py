@@ -45,6 +45,7 @@ from .sentences import SentenceStream
 from .thinkers import Frame, SceneThinker, Thinker, ThinkerError, ThinkerRun, Turn, WaitableRun
 
 PIPELINE = VIDEO_TURN
+CALIBRATION_QUESTION = "What can you tell me about what you see right now?"  # a typical first question
 MODALITIES = ("text", "audio")
 NOTHING_HEARD = "Sorry, I didn't catch a question in the audio."
 
@@ -241,17 +242,19 @@ class VideoTurnPipeline:
         answer = expect(request, AnswerRequest)
         if not all(f.data for f in answer.frames):
             raise ValueError("frames must carry image bytes")
-        if not all(h.role in ("user", "assistant", "tool") for h in answer.history):
-            raise ValueError("history roles must be user, assistant or tool")
         names = {t.name for t in answer.tools}
         if answer.tool_choice is ToolChoice.FUNCTION and answer.tool_name not in names:
             raise ValueError("tool_name must name one of the tools")
         forced = answer.tool_choice in (ToolChoice.REQUIRED, ToolChoice.FUNCTION)
         if (answer.tools or forced) and not self.thinker.language_model:
             raise ValueError("tool calling needs a language model (OMNIWEB_THINKER=llm)")
-        if not set(answer.modalities) <= set(MODALITIES):
-            raise ValueError("modalities must be a subset of ['text', 'audio']")
         self.voice.validate(answer)
+
+    def calibration_request(self) -> AnswerRequest | None:
+        """What admission measures a turn's costs on when it loads (``engine.calibration``): a typed
+        question answered aloud. A language model (behind HTTP, or in its own threads) is not the
+        engine's work to measure: its turns' costs are learned from the first ones."""
+        return None if self.thinker.language_model else AnswerRequest(question=CALIBRATION_QUESTION, seed=0)
 
     def finish(self, finals: list[dict[str, Any]]) -> End:
         thought = finals[0]

@@ -1,275 +1,81 @@
-"""Transport for ``/v1/realtime``: OpenAI's Realtime API (GA) as an adapter over the conversation core.
+"""Transport for ``/v1/realtime``: OpenAI's Realtime API (GA) over a WebSocket.
 
-One session per WebSocket. ``receive`` is the socket's single reader (Channels dispatches one
-message at a time): each message is parsed by ``events`` into a typed event and put on the session's
-inbox; its one processor hands each, in arrival order, to its handler. A refused event is answered
-with an ``error`` event (its ``event_id`` echoed) and the session goes on. A ``response.cancel``
-also stops the running response as soon as it is read.
-
-The handlers are the session's parts, each writing its events through ``send_event``:
+One session (``running.RealtimeSession``) per WebSocket; this consumer is its transport. ``receive``
+is the socket's single reader (Channels dispatches one message at a time) and hands each message to
+the session; the session's events go out as text frames through ``SessionConsumer.send`` (its stall
+checks: a client that stops reading fails the session). The session's parts, shared with a WebRTC
+call (``webrtc``), are described in ``running``:
 
 - ``opening``: what a connection opens with (the session its URL asks for, the core: frame buffer,
   input audio buffer, ``Listener``).
-- ``conversation_items.ConversationItems``: ``conversation.item.*`` (the items, their audio in the
-  process budget, their images in the core's ``FrameBuffer``).
-- ``input_audio.InputAudio``: ``input_audio_buffer.*`` and the server VAD's turns over the
-  ``Listener``; ``input_audio.Transcriber``: the user items' transcripts (Whisper on the engine,
-  through ``_transcript_of``; the Listener's early and streaming ones through ``_listened``).
+- ``conversation_items.ConversationItems``: ``conversation.item.*``.
+- ``input_audio.InputAudio``: ``input_audio_buffer.*`` and the server VAD's turns;
+  ``input_audio.Transcriber``: the user items' transcripts.
 - ``responding.Responses``: ``response.create`` / ``.cancel``, each response one core turn written
   by ``responses.ResponseStream``.
-- The effective session (``session.Session``) is kept here: ``session.update`` changes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
 
-from django.conf import settings
-
-from omniweb.base import metrics
 from omniweb.base.errors import ErrorKind
-from omniweb.base.protocol import dumps
-from omniweb.base.tasks import spawn
-from omniweb.conversation import BufferedFrame, Inbox, InboxLimits
-from omniweb.conversation.clock import SessionClock
-from omniweb.conversation.transcription import segment_texts
-from omniweb.engine.client import EngineClient
+from omniweb.conversation import Listener
 from omniweb.engine.runtime import get_engine_client
 from omniweb.engine.voice import voice
 from omniweb.web.sessions import SessionConsumer
 
-from . import events, server_events
-from .audio import to_engine_rate
-from .conversation_items import ConversationItems, for_event
-from .errors import RealtimeError, error_event, new_id
-from .input_audio import InputAudio, Transcriber
-from .opening import new_core, new_listener, session_from_query, voice_names
-from .responding import Responses
-from .session import AnySession, Session, update_session
+from .opening import session_for, voice_names
+from .running import RealtimeSession
 
 logger = logging.getLogger(__name__)
 
 ENDPOINT = "/v1/realtime"
 SUBPROTOCOL = "realtime"  # what OpenAI's browser clients offer next to openai-insecure-api-key.<token>
-LARGE_MESSAGE = 1024 * 1024  # parse events above this size off the event loop
-# Events read, not yet handled: past these the reader waits (the socket paces the client), so a
-# response.cancel behind a long run of appends waits at most this much.
-INBOX_LIMITS = InboxLimits(max_messages=256, max_bytes=64 * 1024 * 1024, wait=True)
 
 
 class RealtimeConsumer(SessionConsumer):
+    session: RealtimeSession | None = None
+
     async def connect(self) -> None:
         # First use may load the models: off the event loop.
-        self.engine: EngineClient = await asyncio.to_thread(get_engine_client)
+        engine = await asyncio.to_thread(get_engine_client)
         caps = voice().capabilities()
-        self.voices = voice_names(caps.voices, caps.default_voice)
-        # Tools and a token limit need a language model behind the thinker (OMNIWEB_THINKER=llm).
-        self.language_model = settings.THINKER.strip().lower() == "llm"
-        # SessionConsumer.config: never None here
-        self.config: AnySession = session_from_query(self.scope.get("query_string", b""), self.voices)
-        self.tasks: list[asyncio.Task[Any]] = []
-        self.closed = False  # from here on, _shutdown has something to stop
-        # Events in arrival order (a refusal of one that did not parse keeps its place); one
-        # processor handles them, so the reader stays free to stop a response at once.
-        self.inbox: Inbox[events.ClientEvent | RealtimeError] = Inbox(
-            self._handle, INBOX_LIMITS, gate=lambda: not self.closed
-        )
-        self.core = new_core(self.engine, on_idle=self._touch, on_decode_failed=self._decode_failed)
-        assert self.core.frames is not None
-        self.listener = new_listener(self.core, self._listened)
-        self.transcriber = Transcriber(self.send_event, self._session, self._transcript_of, self._spawn)
-        self.items = ConversationItems(
-            self.send_event,
-            self.core.frames,
-            transcribe=self.transcriber.start,
-            stop_writing=lambda item_id: self.responses.stop_writing(item_id),
-        )
-        self.responses = Responses(
-            self.core,
-            self.items,
-            self.send_event,
-            self.refuse,
-            session=self._session,
-            voices=self.voices,
-            transcribed=self.transcriber.transcribed,
-            stopped=lambda: self.send_stalled or self.client_gone,
-            on_idle=self._touch,
-        )
-        self.input = InputAudio(
-            self.send_event,
-            self.listener,
-            self.items,
-            self.transcriber,
-            self.responses,
-            session=self._session,
-            engine=self.engine,
-        )
-        self.input.configure_vad()
-        self.handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
-            "session.update": self.on_session_update,
-            "input_audio_buffer.append": self.input.on_append,
-            "input_audio_buffer.commit": self.input.on_commit,
-            "input_audio_buffer.clear": self.input.on_clear,
-            "conversation.item.create": self.items.on_create,
-            "conversation.item.delete": self.items.on_delete,
-            "conversation.item.retrieve": self.items.on_retrieve,
-            "conversation.item.truncate": self.items.on_truncate,
-            "response.create": self.responses.on_create,
-            "response.cancel": self.responses.on_cancel,
-        }
-        self.clock = SessionClock(
-            config_timeout=settings.VIDEO_IDLE_TIMEOUT,
-            idle_timeout=settings.VIDEO_IDLE_TIMEOUT,
-            configured=lambda: True,
-            paused=lambda: self.responses.running is not None,  # no idle timeout while a response streams
-            closed=lambda: self.closed,
-            on_timeout=self.on_timeout,
-        )
+        voices = voice_names(caps.voices, caps.default_voice)
+        config = session_for(self.scope, voices)  # a client secret's configuration, or the URL's
+        if config is None:
+            await self.close()  # the handshake is refused
+            return
+        self.session = RealtimeSession(self, engine, config, voices=voices)
         offered = [str(p) for p in self.scope.get("subprotocols") or []]
         await self.accept(SUBPROTOCOL if SUBPROTOCOL in offered else None)
-        self._spawn(self.clock.run(), "realtime session clock")
-        self._spawn(self.inbox.run(), "realtime session inbox")
-        await self.send_event(server_events.session_created(self.config))
+        await self.session.start()
+
+    @property
+    def listener(self) -> Listener:
+        """The session's listener (its VAD over the input audio buffer)."""
+        assert self.session is not None
+        return self.session.listener
 
     async def disconnect(self, code: int) -> None:
-        await self._shutdown()
+        if self.session is not None:
+            await self.session.shutdown()
         logger.info("realtime session closed (code %s)", code)
 
-    def _session(self) -> AnySession:
-        """The effective session, as the parts read it (``session.update`` replaces it)."""
-        return self.config
+    # -- the session's transport -------------------------------------------------------------------
+    async def send_text(self, text: str) -> None:
+        await self.send(text_data=text)
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any], what: str) -> None:
-        """A task of the session (cancelled at its end); finished ones are forgotten."""
-        self.tasks = [t for t in self.tasks if not t.done()]
-        self.tasks.append(spawn(coro, what))
-
-    def _touch(self) -> None:
-        if getattr(self, "clock", None) is not None:
-            self.clock.touch()
-
-    def _decode_failed(self, frame: BufferedFrame) -> None:
-        """An image the decode pool rejected: reported as an error, the session goes on."""
-        if (err := self.items.decode_failed(frame)) is not None:
-            self._spawn(self.refuse(err), "realtime decode report")
-
-    # -- sending -----------------------------------------------------------------------------------
-    async def send_event(self, payload: dict[str, Any]) -> None:
-        if not self.closed:
-            await self.send(text_data=dumps(payload))
-
-    async def refuse(self, err: RealtimeError, kind: ErrorKind | None = None) -> None:
-        if kind is None:
-            kind = ErrorKind.ENGINE if err.type == "server_error" else ErrorKind.CLIENT
-        metrics.count_error(kind.value)
-        await self.send_event(error_event(err))
+    @property
+    def gone(self) -> bool:
+        return self.send_stalled or self.client_gone
 
     async def fail(self, message: str, kind: ErrorKind = ErrorKind.CLIENT) -> None:
-        """A fatal problem (the client stopped reading, the idle timeout): error, then close."""
-        metrics.count_error(kind.value)
-        err_type = "invalid_request_error" if kind in (ErrorKind.CLIENT, ErrorKind.TIMEOUT) else "server_error"
-        await self.send_event(error_event(RealtimeError(message, code=kind.value, type=err_type)))
-        await self._shutdown()
-        await self.close()
+        """A fatal problem (the client stopped reading): error, then close."""
+        if self.session is not None:
+            await self.session.fail(message, kind)
 
-    async def on_timeout(self, awaiting_config: bool) -> None:
-        await self.fail("Idle timeout: no event from the client; session closed", ErrorKind.TIMEOUT)
-
-    # -- the single reader -------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if self.closed:
-            return
-        self.clock.touch()
-        raw: str | bytes = text_data if text_data is not None else (bytes_data or b"")
-        item: events.ClientEvent | RealtimeError
-        try:
-            if len(raw) > LARGE_MESSAGE:
-                item = await asyncio.to_thread(
-                    events.parse_event, raw, voices=self.voices, language_model=self.language_model
-                )
-            else:
-                item = events.parse_event(raw, voices=self.voices, language_model=self.language_model)
-        except RealtimeError as err:
-            item = err
-        if not isinstance(item, RealtimeError) and item.type == "response.cancel":
-            await self._stop_generating()
-        await self.inbox.deliver(item, len(raw))
-
-    async def _stop_generating(self) -> None:
-        """A ``response.cancel`` overtakes the events queued before it: the running response's
-        engine request is aborted now and it emits nothing more; the cancel is then answered in
-        order (``response.done`` cancelled). Not when a ``response.create`` waits before it: that
-        one must still find this response running, as it would have."""
-        if not any(isinstance(queued, events.ResponseCreateEvent) for queued in self.inbox):
-            await self.responses.interrupt()
-
-    async def _handle(self, item: events.ClientEvent | RealtimeError) -> None:
-        """One event from the inbox: its handler, or its refusal (an error event, the session goes on)."""
-        try:
-            if isinstance(item, RealtimeError):
-                raise item
-            await self.handlers[item.type](item)
-        except RealtimeError as err:
-            await self.refuse(err)
-        except Exception:  # a bug or an engine failure in one handler: report it, keep the session
-            logger.exception("realtime event handler failed")
-            failure = RealtimeError("The server could not handle the event", code="server_error", type="server_error")
-            await self.refuse(failure, ErrorKind.ENGINE)
-
-    async def on_session_update(self, event: events.SessionUpdateEvent) -> None:
-        with for_event(event.event_id):
-            session = update_session(self.config, event.session, self.voices, language_model=self.language_model)
-        before = self.config.turn_detection
-        first = isinstance(session, Session) and session.instructions and not getattr(self.config, "instructions", "")
-        if first and not self.language_model:  # said once a session, when they first arrive
-            logger.info("realtime session %s: instructions accepted, not applied by the scene thinker", session.id)
-        self.config = session
-        if session.turn_detection != before:
-            self.input.configure_vad()
-        await self.send_event(server_events.session_updated(session))
-
-    # -- transcription on the engine ---------------------------------------------------------------
-    async def _listened(self, pcm24: bytes, *, prefix: str | None, partial: bool) -> list[str] | None:
-        """The listener's transcriptions: early ones (at a silence in the speech) and, with
-        transcription on, the streaming partials (batch priority: they wait for real-time work)."""
-        if partial and self.config.audio.input.transcription is None:
-            return None  # nobody reads the deltas
-        return await self._transcript_of(pcm24, new_id("asr"), prefix=prefix, partial=partial)
-
-    async def _transcript_of(
-        self, pcm24: bytes, request_id: str, *, prefix: str | None = None, partial: bool = False
-    ) -> list[str] | None:
-        """Whisper's segment texts, on the engine (``audio.transcribe``, the model
-        /v1/audio/transcriptions uses); None when the engine refused or failed."""
-        transcription = self.config.audio.input.transcription
-        return await segment_texts(
-            self.engine,
-            to_engine_rate(pcm24),
-            request_id,
-            prompt=transcription.prompt if transcription is not None else None,
-            prefix=prefix,
-            partial=partial,
-            admit_budget=settings.ENGINE_TURN_ADMIT_BUDGET_MS / 1000.0,
-        )
-
-    # -- shutdown ----------------------------------------------------------------------------------
-    async def _shutdown(self) -> None:
-        if getattr(self, "closed", True) or not hasattr(self, "core"):  # closed, or connect never finished
-            return
-        self.closed = True
-        self.responses.running = None
-        self.inbox.clear()  # a reader waiting for room goes on (and its event is dropped)
-        self.listener.close()
-        await self.core.close()
-        current = asyncio.current_task()
-        for task in self.tasks:
-            if task is not current and not task.done():
-                task.cancel()
-        await asyncio.gather(*(t for t in self.tasks if t is not current), return_exceptions=True)
-        self.tasks.clear()
-        self.items.close()
-        self.handlers.clear()
-        self.clock = None  # type: ignore[assignment]
+        if self.session is not None:
+            await self.session.receive(text_data if text_data is not None else (bytes_data or b""))

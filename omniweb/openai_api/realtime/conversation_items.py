@@ -25,7 +25,7 @@ from omniweb.conversation import BufferedFrame, FrameBuffer, now_ms
 from omniweb.media.frames import FrameError
 
 from . import server_events
-from .audio import MAX_INPUT_AUDIO_MS, SAMPLE_RATE, decode_pcm16
+from .audio import MAX_INPUT_AUDIO_MS, PCM, SAMPLE_RATE, decode_clip
 from .errors import RealtimeError, new_id
 from .events import (
     AnyItemCreateEvent,
@@ -68,11 +68,13 @@ class ConversationItems:
         transcribe: Callable[[Item], None],
         stop_writing: Callable[[str], Awaitable[None]],
         max_items: int = MAX_ITEMS,
+        input_format: Callable[[], str] = lambda: PCM,
     ) -> None:
         self.send = send
         self.frames = frames
         self.transcribe = transcribe
         self.stop_writing = stop_writing
+        self.input_format = input_format  # the session's: input_audio parts come in it, retrieve answers in it
         self.conversation = Conversation(max_items)
 
     def add(self, item: Item, previous_item_id: str | None, event_id: str | None) -> None:
@@ -158,12 +160,14 @@ class ConversationItems:
         if item.audio and not item.text():
             self.transcribe(item)
 
-    @staticmethod
-    def _part_audio(part: InputAudio, param: str, event_id: str | None) -> bytes:
-        """An ``input_audio`` part's PCM; a part needs its audio or its transcript."""
+    def _part_audio(self, part: InputAudio, param: str, event_id: str | None) -> bytes:
+        """An ``input_audio`` part's PCM (it comes in the session's input format); a part needs its
+        audio or its transcript."""
         if part.audio:
             with for_event(event_id):
-                return decode_pcm16(part.audio, max_bytes=MAX_INPUT_AUDIO_BYTES, param=f"{param}.audio")
+                return decode_clip(
+                    self.input_format(), part.audio, max_bytes=MAX_INPUT_AUDIO_BYTES, param=f"{param}.audio"
+                )
         if not part.transcript:
             raise RealtimeError("An input_audio part needs audio or a transcript", param=param, event_id=event_id)
         return b""
@@ -192,7 +196,7 @@ class ConversationItems:
     async def on_retrieve(self, event: ItemRetrieveEvent) -> None:
         with for_event(event.event_id):
             item = self.conversation.get(event.item_id)
-        await self.send(server_events.item_retrieved(item))
+        await self.send(server_events.item_retrieved(item, self.input_format()))
 
     async def on_truncate(self, event: ItemTruncateEvent) -> None:
         """The client stopped playing an answer: cut it to what was heard (one still being written

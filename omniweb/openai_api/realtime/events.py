@@ -41,7 +41,7 @@ MAX_METADATA_ENTRIES = 16
 MAX_CALL_ID_CHARS = 128  # a function call's id (other providers' ids, relayed by a client, are longer than OpenAI's)
 MAX_FUNCTION_OUTPUT_CHARS = 100_000  # a function_call_output's output
 # GA client event types this server does not implement (told apart from unknown types).
-UNSUPPORTED_EVENTS = frozenset({"output_audio_buffer.clear", "transcription_session.update"})
+UNSUPPORTED_EVENTS = frozenset({"transcription_session.update"})
 IMAGE_DATA_URL_PREFIXES = ("data:image/jpeg;base64,", "data:image/png;base64,", "data:image/jpg;base64,")
 
 
@@ -223,7 +223,7 @@ class ItemTruncateEvent(_Event):
 
 
 class ResponseAudioOutput(_Strict):
-    format: AudioFormat = Field(default_factory=AudioFormat)
+    format: AudioFormat | None = None  # None: the session's
     voice: str | None = None
 
     _voice = field_validator("voice", mode="before")(lambda v, info: None if v is None else _check_voice(v, info))
@@ -280,6 +280,12 @@ class ResponseCancelEvent(_Event):
     response_id: str | None = None
 
 
+class OutputAudioBufferClearEvent(_Event):
+    """WebRTC only: the answer's audio stops now (``output_audio_buffer.cleared``)."""
+
+    type: Literal["output_audio_buffer.clear"]
+
+
 ClientEvent = (
     SessionUpdateEvent
     | AudioAppendEvent
@@ -293,6 +299,7 @@ ClientEvent = (
     | ItemTruncateEvent
     | ResponseCreateEvent
     | ResponseCancelEvent
+    | OutputAudioBufferClearEvent
 )
 EVENT_TYPES: dict[str, type[BaseModel]] = {
     "session.update": SessionUpdateEvent,
@@ -306,14 +313,21 @@ EVENT_TYPES: dict[str, type[BaseModel]] = {
     "response.create": ResponseCreateEvent,
     "response.cancel": ResponseCancelEvent,
 }
+MEDIA_EVENT_TYPES: dict[str, type[BaseModel]] = {"output_audio_buffer.clear": OutputAudioBufferClearEvent}
 
 
 def parse_event(
-    raw: str | bytes, *, voices: Mapping[str, str], language_model: bool = False, max_chars: int = MAX_EVENT_CHARS
+    raw: str | bytes,
+    *,
+    voices: Mapping[str, str],
+    language_model: bool = False,
+    media: bool = False,
+    max_chars: int = MAX_EVENT_CHARS,
 ) -> ClientEvent:
     """One client message → a typed event, or ``RealtimeError`` (with the event's ``event_id`` when
     it had one) for oversize, malformed JSON, an unknown type or an invalid field. ``language_model``:
-    the server's thinker is one (``response.create`` may then name tools and a token limit)."""
+    the server's thinker is one (``response.create`` may then name tools and a token limit);
+    ``media``: the session is a WebRTC call (``output_audio_buffer.clear`` is taken)."""
     if isinstance(raw, bytes):
         raise RealtimeError("Binary messages are not accepted; send JSON text events", code="invalid_event")
     if len(raw) > max_chars:
@@ -329,6 +343,8 @@ def parse_event(
     event_id = msg.get("event_id") if isinstance(msg.get("event_id"), str) else None
     kind = msg.get("type")
     model = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
+    if model is None and media and isinstance(kind, str):
+        model = MEDIA_EVENT_TYPES.get(kind)
     if model is None:
         if kind is None:
             raise RealtimeError(
@@ -337,7 +353,12 @@ def parse_event(
                 code="missing_required_parameter",
                 event_id=event_id,
             )
-        what = "is not supported by this server" if kind in UNSUPPORTED_EVENTS else "is not a known event type"
+        if kind in MEDIA_EVENT_TYPES:
+            what = "is taken on WebRTC calls only (POST /v1/realtime/calls)"
+        elif kind in UNSUPPORTED_EVENTS:
+            what = "is not supported by this server"
+        else:
+            what = "is not a known event type"
         raise RealtimeError(f"'{excerpt(kind)}' {what}", param="type", code="invalid_event_type", event_id=event_id)
     item = msg.get("item")
     item_type = item.get("type") if isinstance(item, dict) else None

@@ -4,11 +4,14 @@ user items' transcripts.
 Input audio (PCM16 24 kHz) goes to the core's ``Listener``: its ``AudioBuffer`` and, with
 ``server_vad``, ``omniweb.conversation.vad.VoiceActivity`` (with ``semantic_vad``, ``SemanticVoiceActivity``, whose
 pauses the engine's end-of-turn model judges). ``speech_started`` names the item the speech will be
-and, during a response with ``interrupt_response``, cancels it; ``speech_stopped`` then the speech
+and, during a response with ``interrupt_response``, cancels it (over WebRTC it also silences the
+answer track, which may still be playing an answer that is done); ``speech_stopped`` then the speech
 (``SpeechSegment``) becomes that user item and, with ``create_response``, is answered. The Listener
 transcribes the speech early, at a silence inside it, and streams what it is sure of (``Heard``: the
 item's first transcript deltas). ``input_audio_buffer.commit`` / ``.clear`` are its ``commit`` /
-``clear``.
+``clear``. Appends come in the session's input format (G.711 is decoded and resampled here, at
+the edge). With ``server_vad``'s ``idle_timeout_ms``, silence that long once the last answer has
+played (``IdleTimer``) commits the buffer and answers it (``input_audio_buffer.timeout_triggered``).
 
 ``Transcriber`` transcribes a user item's audio on the engine when no response does, and sends its
 transcript as ``transcripts.InputTranscripts`` writes it. Both write through ``send`` and reach the
@@ -17,22 +20,26 @@ session's responses through ``Responses``; the tests drive them without a socket
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol
 
+from omniweb.base.tasks import spawn
 from omniweb.conversation import AudioRefused, Heard, Listener, SpeechSegment
 from omniweb.conversation.vad import SemanticVoiceActivity, SpeechStarted, SpeechStopped, VadParams, VoiceActivity
 from omniweb.engine.client import EngineClient
 
 from . import server_events
-from .audio import MIN_COMMIT_MS, SAMPLE_RATE, decode_pcm16
+from .audio import MIN_COMMIT_MS, SAMPLE_RATE, InputDecoder, pcm_ms
 from .conversation_items import ConversationItems, Send, for_event
 from .errors import RealtimeError, new_id
 from .events import AudioAppendEvent, AudioClearEvent, AudioCommitEvent, ResponseParams
 from .items import Item
-from .responding import Responses
-from .session import AnySession, SemanticVad
+from .responding import AnswerAudio, Responses
+from .responses import ResponseStream
+from .session import AnySession, SemanticVad, ServerVad
 from .transcripts import InputTranscripts
 
 logger = logging.getLogger(__name__)
@@ -103,6 +110,8 @@ class InputAudio:
         *,
         session: Callable[[], AnySession],
         engine: EngineClient,
+        output: AnswerAudio | None = None,
+        post: Callable[[IdleTimedOut], None] | None = None,
     ) -> None:
         self.send = send
         self.listener = listener
@@ -111,7 +120,13 @@ class InputAudio:
         self.responses = responses
         self.session = session
         self.engine = engine
+        self.output = output  # a WebRTC call's answer track: speech over it silences it
         self.vad_item_id: str | None = None  # the item id announced with speech_started
+        self.decoder = InputDecoder()  # appends in the session's input format → PCM16 24 kHz
+        # server_vad's idle_timeout_ms: its report comes back through ``post`` (the session's inbox),
+        # in order with the client's events; without one there is no idle timeout.
+        self.idle = IdleTimer(post, self._written_ms) if post is not None else None
+        responses.on_finished = self._response_finished
 
     def configure_vad(self) -> None:
         """The session's ``turn_detection`` from now on: its detector, or none (manual turns)."""
@@ -126,14 +141,23 @@ class InputAudio:
             vad = VoiceActivity(self.engine, params, sample_rate=SAMPLE_RATE)
         self.listener.listen_with(vad)
         self.vad_item_id = None
+        self._arm_idle()  # from now, unless a response is running (its end arms it)
 
     async def on_append(self, event: AudioAppendEvent) -> None:
+        fmt = self.session().audio.input.format.type
+        if self.decoder.format != fmt:  # G.711 keeps a resampler across appends: one per format
+            self.decoder = InputDecoder(fmt)
         with for_event(event.event_id):
-            pcm = decode_pcm16(event.audio)
+            pcm = self.decoder.decode(event.audio)
+        await self.feed(pcm, event.event_id)
+
+    async def feed(self, pcm: bytes, event_id: str | None = None) -> None:
+        """Input audio (PCM16 24 kHz: an append's, or a WebRTC call's track) into the buffer and
+        the VAD, whose turns are acted on."""
         try:
             heard = await self.listener.feed(pcm)
         except AudioRefused as exc:
-            raise RealtimeError(exc.message, code="input_audio_buffer_overflow", event_id=event.event_id) from None
+            raise RealtimeError(exc.message, code="input_audio_buffer_overflow", event_id=event_id) from None
         except Exception as exc:  # the engine could not run the detector: say so, keep the session
             logger.warning("voice activity detection failed: %s", exc)
             message = getattr(exc, "client_message", None) or "Voice activity detection failed"
@@ -152,9 +176,15 @@ class InputAudio:
     async def _speech_started(self, event: SpeechStarted) -> None:
         td = self.session().turn_detection
         self.vad_item_id = new_id("item")
+        if self.idle is not None:
+            self.idle.stop()
         await self.send(server_events.speech_started(event.audio_start_ms, self.vad_item_id))
-        if td is not None and td.interrupt_response and self.responses.running is not None:
-            await self.responses.cancel(server_events.cancelled("turn_detected"))
+        if td is not None and td.interrupt_response:
+            played = self.output.silence() if self.output is not None else None  # the answer track goes silent first
+            if self.responses.running is not None:
+                await self.responses.cancel(server_events.cancelled("turn_detected"))
+            if played is not None:
+                await self.responses.cleared(played)
 
     async def _speech_stopped(self, event: SpeechStopped) -> None:
         self.vad_item_id = self.vad_item_id or new_id("item")
@@ -169,6 +199,8 @@ class InputAudio:
             if self.responses.running is not None:  # interrupt_response was off: the new turn waits for no one
                 await self.responses.cancel(server_events.cancelled("turn_detected"))
             await self.responses.respond(ResponseParams(), event_id=None)
+        else:  # nothing answers the turn: the silence after it counts from now
+            self._arm_idle()
 
     async def on_commit(self, event: AudioCommitEvent) -> None:
         ms = self.listener.audio.duration_ms
@@ -185,9 +217,9 @@ class InputAudio:
 
     async def _commit(
         self, pcm: bytes, item_id: str, event_id: str | None, transcript: Sequence[str] | None = None
-    ) -> None:
-        """The committed audio becomes a user item (committed, added, done); its transcript follows,
-        unless it was made early (``transcript``) or the response it starts makes it."""
+    ) -> Item:
+        """The committed audio becomes a user item (committed, added, done), returned; its transcript
+        follows, unless it was made early (``transcript``) or the response it starts makes it."""
         item = Item(id=item_id, role="user", content=[{"type": "input_audio", "transcript": None}], audio=pcm)
         self.items.add(item, None, event_id)
         previous = self.items.conversation.previous_of(item)
@@ -198,8 +230,104 @@ class InputAudio:
             await self.transcriber.transcribed(item, transcript)
         elif not (self.session().responds and event_id is None):
             self.transcriber.start(item)
+        return item
 
     async def on_clear(self, event: AudioClearEvent) -> None:
         self.listener.clear()
         self.vad_item_id = None
         await self.send(server_events.audio_cleared())
+
+    # -- idle timeout --------------------------------------------------------------------------------
+    def _written_ms(self) -> int:
+        """The input audio written so far (ms: OpenAI's offsets), whatever the buffer still holds."""
+        return self.listener.audio.appended * 1000 // (2 * SAMPLE_RATE)
+
+    def _idle_timeout_ms(self) -> int | None:
+        td = self.session().turn_detection
+        return td.idle_timeout_ms if isinstance(td, ServerVad) else None
+
+    def _arm_idle(self, playback_ms: int = 0) -> None:
+        """The idle clock starts over: ``idle_timeout_ms`` after ``playback_ms`` (the answer's audio
+        still to play), unless a response is running; without an idle timeout it stops."""
+        if self.idle is None:
+            return
+        timeout = self._idle_timeout_ms()
+        if timeout is None or self.responses.running is not None:
+            self.idle.stop()
+        else:
+            self.idle.start(playback_ms, timeout)
+
+    def _response_finished(self, stream: ResponseStream) -> None:
+        """A response ended: the idle clock starts once its audio has played (OpenAI: response.done
+        plus the audio's duration)."""
+        item = stream.item
+        self._arm_idle(item.audio_ms if item is not None and stream.response.audio else 0)
+
+    async def on_idle_timeout(self, report: IdleTimedOut) -> None:
+        """The idle timeout passed with no speech: ``input_audio_buffer.timeout_triggered``, the buffer
+        committed as a user item (what it holds, maybe nothing) and, in a conversation, answered. A
+        report overtaken by speech or a response (or by another report) is dropped."""
+        if self.idle is None or not self.idle.take(report):
+            return
+        if self.listener.speaking or self.responses.running is not None:
+            return
+        item_id = new_id("item")
+        await self.send(server_events.timeout_triggered(report.audio_start_ms, report.audio_end_ms, item_id))
+        self.vad_item_id = None
+        pcm = self.listener.commit()
+        # Speech the VAD did not take for a turn may still be words: transcribed first, they are the
+        # question; none, and the response continues the conversation without one.
+        heard = await self.transcriber.transcript_of(pcm, new_id("asr")) if pcm_ms(pcm) >= MIN_COMMIT_MS else []
+        item = await self._commit(pcm, item_id, event_id=None, transcript=heard or [])
+        if self.session().responds:
+            await self.responses.respond(ResponseParams(), event_id=None, idle=item)
+
+    def close(self) -> None:
+        """The session ended: no idle timeout fires."""
+        if self.idle is not None:
+            self.idle.stop()
+
+
+@dataclass(frozen=True, eq=False)
+class IdleTimedOut:
+    """``idle_timeout_ms`` passed with no speech (the input audio from ``audio_start_ms``, where the
+    last answer had played, to ``audio_end_ms``, now): handled in order with the client's events."""
+
+    audio_start_ms: int
+    audio_end_ms: int
+    type: ClassVar[Literal["input_audio_buffer.idle_timeout"]] = "input_audio_buffer.idle_timeout"
+
+
+class IdleTimer:
+    """One idle clock: ``start`` it (again) and, after the answer's playback and then the timeout, it
+    posts an ``IdleTimedOut`` (the input audio positions from ``position_ms``); ``take`` says whether a
+    report is the one still due (``stop`` and a new ``start`` make older ones stale)."""
+
+    def __init__(self, post: Callable[[IdleTimedOut], None], position_ms: Callable[[], int]) -> None:
+        self.post = post
+        self.position_ms = position_ms
+        self._task: asyncio.Task[None] | None = None
+        self._due: IdleTimedOut | None = None
+
+    def start(self, playback_ms: int, timeout_ms: int) -> None:
+        self.stop()
+        self._task = spawn(self._run(playback_ms, timeout_ms), "realtime idle timeout")
+
+    def stop(self) -> None:
+        task, self._task, self._due = self._task, None, None
+        if task is not None and not task.done():
+            task.cancel()
+
+    def take(self, report: IdleTimedOut) -> bool:
+        if report is not self._due:
+            return False
+        self._due = None
+        return True
+
+    async def _run(self, playback_ms: int, timeout_ms: int) -> None:
+        await asyncio.sleep(playback_ms / 1000)
+        start_ms = self.position_ms()  # the answer has played: the silence counts from here
+        await asyncio.sleep(timeout_ms / 1000)
+        self._task = None
+        self._due = report = IdleTimedOut(start_ms, self.position_ms())
+        self.post(report)

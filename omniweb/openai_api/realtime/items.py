@@ -19,8 +19,9 @@ from typing import Any, Literal, cast
 
 from omniweb.base.protocol import excerpt
 from omniweb.conversation.chunks import WordTiming
-from omniweb.engine.requests import FunctionCall, HistoryEntry
+from omniweb.engine.requests import FunctionCall, HistoryEntry, Role
 
+from .audio import PCM, encode_clip
 from .errors import RealtimeError, new_id
 
 ItemType = Literal["message", "function_call", "function_call_output"]
@@ -75,7 +76,9 @@ class Item:
     def function_output(cls, item_id: str, call_id: str, output: str) -> Item:
         return cls(id=item_id, role=None, content=[], type="function_call_output", call_id=call_id, output=output)
 
-    def wire(self, *, with_audio: bool = False) -> dict[str, Any]:
+    def wire(self, *, with_audio: bool = False, audio_format: str = PCM) -> dict[str, Any]:
+        """The item as the events carry it; ``with_audio``: a user's input audio too, in
+        ``audio_format`` (the session's input format)."""
         if self.type == "function_call":
             return {
                 "id": self.id,
@@ -99,7 +102,7 @@ class Item:
         for part in self.content:
             part = dict(part)
             if part["type"] == "input_audio" and with_audio and self.audio:
-                part["audio"] = base64.b64encode(self.audio).decode("ascii")
+                part["audio"] = base64.b64encode(encode_clip(audio_format, self.audio)).decode("ascii")
             content.append(part)
         return {
             "id": self.id,
@@ -145,7 +148,9 @@ class Conversation:
     def check_placement(self, item_id: str | None, previous_item_id: str | None) -> None:
         if item_id is not None and self.find(item_id) is not None:
             raise RealtimeError(
-                f"Item with id '{excerpt(item_id)}' already exists", param="item.id", code="item_exists"
+                f"Item with id '{excerpt(item_id)}' already exists",
+                param="item.id",
+                code="item_create_duplicate_item_id",  # OpenAI's code: LiveKit's replay takes it as "already there"
             )
         if previous_item_id not in (None, "root"):
             self.get(previous_item_id, "previous_item_id")
@@ -228,16 +233,16 @@ class Conversation:
                 call = FunctionCall(call_id=item.call_id, name=item.name, arguments=item.arguments.strip() or "{}")
                 if out and last is not None and _one_turn(last, item):
                     prev = _entry(out[-1])
-                    out[-1] = HistoryEntry(role="assistant", content=prev.content, calls=(*prev.calls, call))
+                    out[-1] = HistoryEntry(role=Role.ASSISTANT, content=prev.content, calls=(*prev.calls, call))
                 else:
-                    out.append(HistoryEntry(role="assistant", calls=(call,)))
+                    out.append(HistoryEntry(role=Role.ASSISTANT, calls=(call,)))
             elif item.type == "function_call_output":
-                out.append(HistoryEntry(role="tool", call_id=item.call_id, content=item.output))
+                out.append(HistoryEntry(role=Role.TOOL, call_id=item.call_id, content=item.output))
             elif item.role != "system" and (text := item.text()):
                 if item.role == "assistant" and out and last is not None and _one_turn(last, item):
                     prev = _entry(out[-1])  # the words a response wrote after its calls
                     content = f"{prev.content} {text}" if prev.content else text
-                    out[-1] = HistoryEntry(role="assistant", content=content, calls=prev.calls)
+                    out[-1] = HistoryEntry(role=Role.ASSISTANT, content=content, calls=prev.calls)
                 else:
                     # a message: only calls and outputs (handled above) have no role
                     out.append({"role": cast(str, item.role), "content": text})
@@ -253,7 +258,7 @@ class Conversation:
 def _entry(message: HistoryMessage) -> HistoryEntry:
     if isinstance(message, HistoryEntry):
         return message
-    return HistoryEntry(role=message["role"], content=message["content"])
+    return HistoryEntry(role=Role(message["role"]), content=message["content"])
 
 
 def _one_turn(last: Item, item: Item) -> bool:
@@ -278,9 +283,3 @@ def without_orphans(history: Sequence[HistoryMessage]) -> list[HistoryMessage]:
             called.update(c.call_id for c in message.calls)
         out.append(message)
     return out
-
-
-def last_turns(history: Sequence[HistoryMessage], entries: int) -> list[HistoryMessage]:
-    """The last ``entries`` messages of the history (0: all of it, as before), never starting with
-    a function's output whose call was cut off."""
-    return without_orphans(history[-entries:])

@@ -5,26 +5,36 @@ thinker → talker → vocoder on the engine), whose typed events ``responses.Re
 ``response.*`` events. Its question is the last user item that says something: its text, or its
 audio (the engine's Whisper transcribes it first, which is also the item's transcript:
 ``transcribed``); the items before it are the history, the frame buffer's latest images what it
-looks at. After a function's output (the last item) there is no new question: the whole
-conversation is the history and the thinker answers with the output. The tools in effect, the tool
-choice and the token limit go to the thinker with the turn. Whatever stops a response (the client's
-cancel, speech in the input audio, a truncate of the item being written, its turn's end), its
-closing events are written once. ``Responses`` writes
-through ``send`` (and ``refuse``: an ``error`` event), so it runs without a socket.
+looks at: the whole conversation the client built reaches the thinker (a language model's prompt
+leaves out the oldest turns past its context). After a function's output (the last item) there is
+no new question: the whole conversation is the history and the thinker answers with the output; so
+too after an idle timeout that heard no words (``idle``): the thinker goes on from the conversation.
+The tools in effect, the tool choice and the token limit go to the thinker with the turn. Whatever
+stops a response (the client's cancel, speech in the input audio, a truncate of the item being
+written, its turn's end), its closing events are written once. ``Responses`` writes through
+``send`` (and ``refuse``: an ``error`` event), so it runs without a socket.
+
+Over WebRTC the answer's audio plays on the call's outgoing track (``output``, an ``AnswerAudio``)
+instead of going out as ``response.output_audio.delta``. The track plays it in real time, so it
+may still be playing after ``response.done``: speech over it (``input_audio``) or the client's
+``output_audio_buffer.clear`` silences it at once, says ``output_audio_buffer.cleared`` and cuts the
+item to what had been played (``conversation.item.truncated``), which over a WebSocket the client
+does with ``conversation.item.truncate``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 
-from omniweb.base import metrics
+from omniweb.base import clocks, metrics
 from omniweb.base.errors import ErrorKind
 from omniweb.conversation import (
     ActiveTurn,
+    AudioChunk,
     Conversation,
     FrameSelection,
     NoUsableFrames,
@@ -39,8 +49,8 @@ from . import server_events
 from .audio import to_engine_rate
 from .conversation_items import ConversationItems, Send, for_event
 from .errors import RealtimeError
-from .events import ResponseCancelEvent, ResponseCreateEvent, ResponseParams
-from .items import Item, last_turns
+from .events import OutputAudioBufferClearEvent, ResponseCancelEvent, ResponseCreateEvent, ResponseParams
+from .items import Item
 from .responses import ResponseStream, Status
 from .session import AnySession, Session, TranscriptionSession, engine_tool_choice
 
@@ -49,13 +59,36 @@ NUM_FRAMES = 4  # the latest images a response looks at
 Refuse = Callable[[RealtimeError, ErrorKind | None], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class Played:
+    """How much of a response's audio item an answer track had played when it was silenced."""
+
+    response_id: str
+    item_id: str
+    audio_ms: int
+
+
+class AnswerAudio(Protocol):
+    """Where answers' audio plays instead of ``response.output_audio.delta`` (a WebRTC call's
+    outgoing track), in real time; it says ``output_audio_buffer.started`` and ``.stopped`` itself."""
+
+    def play(self, response_id: str, item_id: str, pcm: bytes) -> None:
+        """Queue a piece of the response's audio (PCM16 24 kHz)."""
+
+    async def finished(self, response_id: str) -> None:
+        """The response is done: no more audio comes for it (stopped once what is queued has played)."""
+
+    def silence(self) -> Played | None:
+        """Silence now, dropping what is queued; what had played of the response being heard (None: none was)."""
+
+
 @dataclass(eq=False)
 class Running:
     """The response in flight: its wire (``stream``), its core turn and its latency clock."""
 
     stream: ResponseStream
     turn: ActiveTurn | None = None
-    clock: metrics.TurnClock = field(default_factory=metrics.TurnClock)
+    clock: clocks.TurnClock = field(default_factory=clocks.realtime_response)  # ops: omniweb_realtime_*
     finished: bool = False  # it emits nothing more
 
 
@@ -75,6 +108,7 @@ class Responses:
         transcribed: Callable[[Item, Sequence[str]], Awaitable[None]],
         stopped: Callable[[], bool],
         on_idle: Callable[[], None],
+        output: AnswerAudio | None = None,
     ) -> None:
         self.core = core
         self.items = items
@@ -85,7 +119,10 @@ class Responses:
         self.transcribed = transcribed
         self.stopped = stopped
         self.on_idle = on_idle
+        self.output = output
         self.running: Running | None = None
+        # Told when a response has ended (its audio may still be playing): the idle clock.
+        self.on_finished: Callable[[ResponseStream], None] | None = None
 
     async def on_create(self, event: ResponseCreateEvent) -> None:
         if isinstance(self.session(), TranscriptionSession):
@@ -107,9 +144,10 @@ class Responses:
             )
         await self.cancel(server_events.cancelled("client_cancelled"))
 
-    async def respond(self, params: ResponseParams, event_id: str | None) -> None:
+    async def respond(self, params: ResponseParams, event_id: str | None, *, idle: Item | None = None) -> None:
         """Start a response as ``params`` ask (over the session's defaults): its opening events,
-        then its turn runs."""
+        then its turn runs. ``idle``: the item the idle timeout committed; the response's question
+        only if words were heard in it (never an earlier item)."""
         if self.running is not None:
             raise RealtimeError(
                 f"Conversation already has an active response in progress: {self.running.stream.response.id}. "
@@ -121,36 +159,36 @@ class Responses:
         assert isinstance(session, Session)  # a transcription session refused response.create
         with for_event(event_id):
             stream = ResponseStream.create(params, session, self.items.conversation)
+        if idle is not None and not (stream.question is idle and idle.text()):
+            stream.question = None  # nothing was said: no question, the conversation goes on
         stream.place = lambda item: self.items.add(item, None, None)
         answers_a_call = self.items.conversation.answers_a_call()
-        spec = self._turn(stream, params, session)
+        spec = self._turn(stream, params, session, idle is not None)
         running = Running(stream)
         self.running = running
         if stream.in_conversation and stream.item is not None:
             self.items.add(stream.item, None, event_id)
         for payload in stream.start():
             await self.send(payload)
-        if not spec.question.text and not spec.question.audio and not answers_a_call:
+        if not spec.question.text and not spec.question.audio and not answers_a_call and idle is None:
             details = server_events.failed("There is no question to answer: add a user item first", "no_input")
             await self._finish(running, "failed", details)
             return
         running.turn = self.core.start_turn(spec, self._emit, stopped=self.stopped)
 
-    def _turn(self, stream: ResponseStream, params: ResponseParams, session: Session) -> TurnSpec:
-        """The core turn of a response: its question, the history before it (the last
-        ``VIDEO_HISTORY_TURNS`` exchanges), the latest images, the tools in effect. After a
-        function's output there is no question: everything is history."""
+    def _turn(self, stream: ResponseStream, params: ResponseParams, session: Session, idle: bool) -> TurnSpec:
+        """The core turn of a response: its question, all the conversation before it (what the
+        client built: a Realtime session's history is not the video endpoint's few turns), the
+        latest images, the tools in effect. After a function's output, or an idle timeout that
+        heard nothing, there is no question: everything is history."""
         conversation, question = self.items.conversation, stream.question
         own = params.instructions or session.instructions
         instructions = "\n".join(t for t in (own, conversation.system_text()) if t)
-        # A language model gets the whole conversation (its prompt leaves out the oldest turns past
-        # its context); the scene thinker only reads the last few exchanges.
-        turns = 0 if settings.THINKER == "llm" else 2 * max(0, settings.VIDEO_HISTORY_TURNS)
-        if conversation.answers_a_call():
+        if conversation.answers_a_call() or (idle and question is None):
             question = None
-            history = last_turns(conversation.history(), turns)
+            history = conversation.history()
         elif question is not None:
-            history = last_turns(conversation.history(before=question), turns)
+            history = conversation.history(before=question)
         else:
             history = conversation.history()
         frames = self.core.frames
@@ -184,6 +222,7 @@ class Responses:
             return
         stream = running.stream
         if isinstance(event, Transcript):
+            stream.write(event)  # counted in the usage: the thinker reads what was heard
             if stream.question is not None:
                 await self.transcribed(stream.question, [event.text])
         elif isinstance(event, TurnEnd | NoUsableFrames):
@@ -193,11 +232,15 @@ class Responses:
             await self._finish(running, end.status, end.details)
         else:
             for payload in stream.write(event):
-                await self.send(payload)
-                if payload["type"] == "response.output_text.delta":
-                    running.clock.text_sent()
-                elif payload["type"] == "response.output_audio.delta":
+                if payload["type"] == "response.output_audio.delta":
                     running.clock.audio_sent()
+                    if self.output is not None:
+                        continue  # it plays on the call's track
+                await self.send(payload)
+                if payload["type"] in ("response.output_text.delta", "response.output_audio_transcript.delta"):
+                    running.clock.text_sent()
+            if self.output is not None and isinstance(event, AudioChunk) and event.pcm and stream.item is not None:
+                self.output.play(stream.response.id, stream.item.id, event.pcm)
 
     async def interrupt(self) -> None:
         """Abort the running response's engine request now: it emits nothing more (``cancel`` then
@@ -211,6 +254,27 @@ class Responses:
         running = self.running
         if running is not None and running.stream.item is not None and running.stream.item.id == item_id:
             await self.cancel(server_events.cancelled("client_cancelled"))
+
+    async def on_output_clear(self, event: OutputAudioBufferClearEvent) -> None:
+        """``output_audio_buffer.clear`` (WebRTC): the answer's audio stops now, and the response
+        still writing it stops generating it."""
+        played = self.output.silence() if self.output is not None else None
+        if played is None:
+            return
+        running = self.running
+        if running is not None and running.stream.response.id == played.response_id:
+            await self.cancel(server_events.cancelled("client_cancelled"))
+        await self.cleared(played)
+
+    async def cleared(self, played: Played) -> None:
+        """The track was silenced: ``output_audio_buffer.cleared``, and the item keeps only the audio
+        (and the words) that had been played."""
+        await self.send(server_events.event("output_audio_buffer.cleared", response_id=played.response_id))
+        item = self.items.conversation.find(played.item_id)
+        if item is None or item.content[0].get("type") != "output_audio" or played.audio_ms >= item.audio_ms:
+            return
+        self.items.conversation.truncate(item.id, 0, played.audio_ms)
+        await self.send(server_events.item_truncated(item.id, 0, played.audio_ms))
 
     async def cancel(self, details: dict[str, Any]) -> None:
         """Stop the running response at once (the engine request is aborted), then close it."""
@@ -237,4 +301,8 @@ class Responses:
         if status == "failed":
             metrics.count_error(ErrorKind.ENGINE.value)
         await self.send(done)
+        if self.output is not None:
+            await self.output.finished(running.stream.response.id)
+        if self.on_finished is not None:
+            self.on_finished(running.stream)
         self.on_idle()

@@ -3,7 +3,10 @@
 A ``ResponseStream`` owns what only this wire format knows of a response: its ``Response`` and the
 output items it writes (the assistant message: ids, its output and content index, the text so far,
 the word timings and audio length kept with the item, which ``conversation.item.truncate`` cuts by;
-the function calls), the usage it reports, and how it closes whatever ended it. Each step returns
+the function calls), the usage it reports (``tally``: what its thinker was given and what was
+sent, by ``omniweb.conversation.usage``'s rule, so a response cut short counts what went out), its
+audio in the output format (``encoder``: PCM16 24 kHz as it is, G.711 encoded at 8 kHz), and how it
+closes whatever ended it. Each step returns
 the events to send, in order; it sends nothing, so it runs without a socket in the tests. The
 consumer runs the core turn and keeps the metrics; in conversation ``auto`` the output items join
 the conversation (the consumer places the eager message item, ``place`` the others).
@@ -19,7 +22,8 @@ The events of a response::
               calls functions has none. A ``ToolCall``: a function_call output item, whole at once:
               response.output_item.added, conversation.item.added, response.function_call_arguments
               .delta and .done, response.output_item.done, conversation.item.done
-    finish()  the message item's closing: response.output_audio.done (when audio was sent),
+    finish()  the message item's closing: response.output_audio.done (when audio was sent; G.711's
+              last samples in one more delta before it),
               response.output_audio_transcript.done or response.output_text.done,
               response.content_part.done, response.output_item.done, conversation.item.done (while
               the item is still in the conversation); then response.done (every output item)
@@ -32,10 +36,20 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from omniweb.base.errors import ErrorKind
-from omniweb.conversation import AudioChunk, NoUsableFrames, TextDelta, ToolCall, TurnEnd, TurnEvent
+from omniweb.conversation import (
+    AudioChunk,
+    FramesSelected,
+    NoUsableFrames,
+    TextDelta,
+    ToolCall,
+    Transcript,
+    TurnEnd,
+    TurnEvent,
+)
+from omniweb.conversation.usage import Tally
 
 from . import server_events
-from .audio import pcm_ms
+from .audio import OutputEncoder, pcm_ms
 from .errors import RealtimeError, new_id
 from .events import ResponseParams
 from .items import Conversation, Item
@@ -100,7 +114,12 @@ class ResponseStream:
     # Places an output item made during the response in the conversation (conversation "auto");
     # None: ``conversation.add``.
     place: Callable[[Item], None] | None = None
+    # The answer's audio in the output format (G.711 is encoded here, at the edge).
+    encoder: OutputEncoder = field(default_factory=OutputEncoder)
     text: list[str] = field(default_factory=list)
+    # What the turn gave its thinker and what of the answer was sent: the usage of a response that
+    # ends before its turn does (cancelled), counted by the same rule as the turn's own.
+    tally: Tally = field(default_factory=Tally)
     closed: bool = False  # finish() has written the closing events
 
     @classmethod
@@ -113,6 +132,7 @@ class ResponseStream:
         if "audio" in modalities:
             modalities = ("audio",)  # the audio's transcript is the text
         voice = (params.audio.output.voice if params.audio is not None else None) or session.audio.output.voice
+        fmt = (params.audio.output.format if params.audio is not None else None) or session.audio.output.format
         tools = Tools.of(params, session)
         limit = params.max_output_tokens if params.max_output_tokens is not None else session.max_output_tokens
         response = Response(
@@ -125,7 +145,14 @@ class ResponseStream:
         )
         question = next((i for i in reversed(conversation.items) if i.role == "user" and (i.text() or i.audio)), None)
         item = None if tools.offered else cls._message(response)
-        return cls(response=response, item=item, question=question, conversation=conversation, tools=tools)
+        return cls(
+            response=response,
+            item=item,
+            question=question,
+            conversation=conversation,
+            tools=tools,
+            encoder=OutputEncoder(fmt.type),
+        )
 
     @staticmethod
     def _message(response: Response) -> Item:
@@ -175,16 +202,25 @@ class ResponseStream:
 
     def write(self, event: TurnEvent) -> list[dict[str, Any]]:
         """A piece of the answer (``TextDelta``, ``AudioChunk``) → its delta events, a ``ToolCall`` →
-        its function_call item's events; other events write nothing (``end`` takes the last one)."""
+        its function_call item's events; ``FramesSelected`` and ``Transcript`` are only counted (what
+        the thinker was given, what it heard); other events write nothing (``end`` takes the last one)."""
         response = self.response
         if self.closed:
             return []
+        if isinstance(event, FramesSelected):
+            self.tally.given = event.given
+            return []
+        if isinstance(event, Transcript):
+            self.tally.add(event)
+            return []
         if isinstance(event, ToolCall):
+            self.tally.add(event)
             return self._call(event)
         if isinstance(event, TextDelta) and event.delta:
             item, out = self._message_item()
             index = response.output.index(item)
             self.text.append(event.delta)
+            self.tally.add(event)
             if response.audio:
                 return [*out, server_events.transcript_delta(response, item, event.delta, index)]
             return [*out, server_events.text_delta(response, item, event.delta, index)]
@@ -193,7 +229,9 @@ class ResponseStream:
             item.words += event.words
             if event.pcm:
                 item.audio_ms += pcm_ms(event.pcm)
-                out.append(server_events.audio_delta(response, item, event.pcm, response.output.index(item)))
+                self.tally.add(event)
+                if audio := self.encoder.encode(event.pcm):
+                    out.append(server_events.audio_delta(response, item, audio, response.output.index(item)))
             return out
         return []
 
@@ -225,15 +263,9 @@ class ResponseStream:
             return Ending("failed", server_events.failed("No image could be decoded", "invalid_image"))
         if event.text is not None:
             self.text = [event.text]
-        if event.usage is not None:
-            u = event.usage
-            self.response.usage = server_events.usage(
-                input_text=u.input_text_tokens,
-                input_audio=u.input_audio_tokens,
-                input_images=u.input_image_tokens,
-                output_text=u.output_text_tokens,
-                output_audio=u.output_audio_tokens,
-            )
+        # The turn's own count (all it yielded was written), else what was written of it.
+        counts = event.usage if event.usage is not None else self.tally.usage(event)
+        self.response.usage = server_events.usage(counts)
         if event.ok:
             return Ending("completed")
         if event.status == "cancelled":
@@ -245,7 +277,7 @@ class ResponseStream:
 
     def finish(self, status: Status, details: dict[str, Any] | None) -> list[dict[str, Any]]:
         """The closing events, whatever ended the response (the last is ``response.done``); none
-        once closed. Usage not reported by the turn is counted from what was written."""
+        once closed. A response its turn did not end (cancelled) counts what was given and sent."""
         if self.closed:
             return []
         self.closed = True
@@ -258,10 +290,7 @@ class ResponseStream:
             out += self._close(item, status, text)
         response.status, response.status_details = status, details
         if response.usage is None:
-            audio_ms = item.audio_ms if item is not None else 0
-            response.usage = server_events.usage(
-                output_text=server_events.text_tokens(text), output_audio=server_events.audio_tokens(audio_ms)
-            )
+            response.usage = server_events.usage(self.tally.usage())
         out.append(server_events.response_done(response))
         return out
 
@@ -273,6 +302,8 @@ class ResponseStream:
         out = []
         if response.audio:
             item.content[0] = {"type": "output_audio", "transcript": text}
+            if status == "completed" and item.audio_ms and (tail := self.encoder.flush()):  # the resampler's last
+                out.append(server_events.audio_delta(response, item, tail, index))
             if item.audio_ms:
                 out.append(server_events.audio_done(response, item, index))
             out.append(server_events.transcript_done(response, item, text, index))

@@ -1,23 +1,21 @@
 """The server events of OpenAI's Realtime API (GA): a builder for each event this server sends, in the
 shapes of the official ``openai`` SDK (``openai.types.realtime``), and the response in flight they carry.
 
-``usage`` carries the conversation core's estimates (``omniweb.conversation.Usage``: OpenAI's
-published rates applied to what was sent and heard; the thinker has no tokenizer); ``usage()``
-only shapes them, and counts words and 12.5 ms frames for a response that never reached the engine
-(a choice where OpenAI leaves room, also in the README's realtime section).
+``usage()`` only shapes a response's ``omniweb.conversation.Usage`` as ``RealtimeResponseUsage``:
+how tokens are counted is ``omniweb.conversation.usage``'s one rule (docs/protocols/realtime.md,
+"Usage").
 """
 
 from __future__ import annotations
 
 import base64
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from omniweb.openai_api.protocol import FRAME_SECONDS
+from omniweb.conversation import Usage
 
-from .audio import SAMPLE_RATE
+from .audio import PCM, SAMPLE_RATE
 from .errors import new_id
 from .items import Item
 from .session import AnySession
@@ -51,6 +49,13 @@ def speech_stopped(audio_end_ms: int, item_id: str) -> dict[str, Any]:
     return event("input_audio_buffer.speech_stopped", audio_end_ms=audio_end_ms, item_id=item_id)
 
 
+def timeout_triggered(audio_start_ms: int, audio_end_ms: int, item_id: str) -> dict[str, Any]:
+    """``server_vad``'s ``idle_timeout_ms`` passed with no speech: the input audio from the end of the
+    last answer's playback to now, committed as ``item_id``."""
+    kind = "input_audio_buffer.timeout_triggered"
+    return event(kind, audio_start_ms=audio_start_ms, audio_end_ms=audio_end_ms, item_id=item_id)
+
+
 def item_added(item: Item, previous_item_id: str | None) -> dict[str, Any]:
     return event("conversation.item.added", previous_item_id=previous_item_id, item=item.wire())
 
@@ -63,8 +68,9 @@ def item_deleted(item_id: str) -> dict[str, Any]:
     return event("conversation.item.deleted", item_id=item_id)
 
 
-def item_retrieved(item: Item) -> dict[str, Any]:
-    return event("conversation.item.retrieved", item=item.wire(with_audio=True))
+def item_retrieved(item: Item, audio_format: str = PCM) -> dict[str, Any]:
+    """The item with its input audio, in the session's input format."""
+    return event("conversation.item.retrieved", item=item.wire(with_audio=True, audio_format=audio_format))
 
 
 def item_truncated(item_id: str, content_index: int, audio_end_ms: int) -> dict[str, Any]:
@@ -112,31 +118,19 @@ def transcription_failed(item_id: str, message: str, content_index: int = 0) -> 
     )
 
 
-def text_tokens(text: str) -> int:
-    return len(text.split())
-
-
-def audio_tokens(ms: float) -> int:
-    return math.ceil(ms / (FRAME_SECONDS * 1000))
-
-
-def usage(
-    *, input_text: int = 0, input_audio: int = 0, input_images: int = 0, output_text: int = 0, output_audio: int = 0
-) -> dict[str, Any]:
-    """``RealtimeResponseUsage`` from counts (see the module docstring for what a token is here)."""
-    inputs = input_text + input_audio + input_images
-    outputs = output_text + output_audio
+def usage(counts: Usage) -> dict[str, Any]:
+    """``RealtimeResponseUsage`` from a response's counts (nothing is cached: ``cached_tokens`` 0)."""
     return {
-        "total_tokens": inputs + outputs,
-        "input_tokens": inputs,
-        "output_tokens": outputs,
+        "total_tokens": counts.total_tokens,
+        "input_tokens": counts.input_tokens,
+        "output_tokens": counts.output_tokens,
         "input_token_details": {
-            "text_tokens": input_text,
-            "audio_tokens": input_audio,
-            "image_tokens": input_images,
+            "text_tokens": counts.input_text_tokens,
+            "audio_tokens": counts.input_audio_tokens,
+            "image_tokens": counts.input_image_tokens,
             "cached_tokens": 0,
         },
-        "output_token_details": {"text_tokens": output_text, "audio_tokens": output_audio},
+        "output_token_details": {"text_tokens": counts.output_text_tokens, "audio_tokens": counts.output_audio_tokens},
     }
 
 

@@ -36,7 +36,7 @@ from omniweb.openai_api.protocol import (
     is_transcribe_model,
 )
 
-from .audio import SAMPLE_RATE
+from .audio import FORMATS, G711_RATE, PCM, SAMPLE_RATE
 from .errors import RealtimeError, _from_validation, new_id
 
 MAX_INSTRUCTIONS_CHARS = 20_000
@@ -49,6 +49,7 @@ MAX_TOOLS = 128
 MAX_TOOL_DESCRIPTION_CHARS = 8_000
 MAX_TOOL_PARAMETERS_CHARS = 64_000  # the JSON schema's text
 MAX_OUTPUT_TOKENS = 4096
+MIN_IDLE_TIMEOUT_MS, MAX_IDLE_TIMEOUT_MS = 500, 3_600_000  # server_vad's idle_timeout_ms
 # Tools and a token limit need the ``llm`` thinker; whether the server runs one comes in the
 # validation context (``language_model``), from the adapter (this module reads no settings).
 NEEDS_MODEL = (
@@ -66,22 +67,37 @@ def _unsupported(what: str) -> ValueError:
 
 
 class AudioFormat(_Strict):
-    type: str = "audio/pcm"
-    rate: int = SAMPLE_RATE
+    """``audio/pcm`` (PCM16 24 kHz, with its ``rate``) or G.711 for telephony, ``audio/pcmu`` /
+    ``audio/pcma`` at 8 kHz (no ``rate``, as OpenAI's session shows them)."""
+
+    type: str = PCM
+    rate: int | None = Field(default=None, validate_default=True)  # audio/pcm's is 24000 (set when omitted)
 
     @field_validator("type")
     @classmethod
-    def _pcm_only(cls, value: str) -> str:
-        if value != "audio/pcm":
-            raise ValueError(f"'{excerpt(value)}' is not supported; use audio/pcm (PCM16 mono at 24000 Hz)")
+    def _known(cls, value: str) -> str:
+        if value not in FORMATS:
+            raise ValueError(
+                f"'{excerpt(value)}' is not supported; use audio/pcm (PCM16 mono at 24000 Hz), "
+                "audio/pcmu or audio/pcma (G.711 at 8000 Hz)"
+            )
         return value
 
     @field_validator("rate")
     @classmethod
-    def _rate(cls, value: int) -> int:
-        if value != SAMPLE_RATE:
-            raise ValueError(f"{value} Hz is not supported; audio/pcm runs at 24000 Hz")
-        return value
+    def _rate(cls, value: int | None, info: ValidationInfo) -> int | None:
+        kind = info.data.get("type")
+        if kind == PCM:
+            if value not in (None, SAMPLE_RATE):
+                raise ValueError(f"{value} Hz is not supported; audio/pcm runs at 24000 Hz")
+            return SAMPLE_RATE
+        if value not in (None, G711_RATE):
+            raise ValueError(f"{value} Hz is not supported; {kind} runs at 8000 Hz")
+        return None
+
+    @model_serializer(mode="wrap")
+    def _shown(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ServerVad(_Strict):
@@ -93,7 +109,9 @@ class ServerVad(_Strict):
     silence_duration_ms: int = Field(default=500, ge=32, le=10_000)
     create_response: bool = True
     interrupt_response: bool = True
-    idle_timeout_ms: int | None = None
+    # After this long with no speech once the last answer has played, the buffer is committed and
+    # answered (``input_audio_buffer.timeout_triggered``); None: never. omniweb's bounds.
+    idle_timeout_ms: int | None = Field(default=None, ge=MIN_IDLE_TIMEOUT_MS, le=MAX_IDLE_TIMEOUT_MS)
 
     @field_validator("type")
     @classmethod
@@ -103,13 +121,6 @@ class ServerVad(_Strict):
                 f"'{excerpt(value)}' is not supported; use server_vad or semantic_vad, or null for manual turns"
             )
         return value
-
-    @field_validator("idle_timeout_ms")
-    @classmethod
-    def _no_idle_timeout(cls, value: int | None) -> None:
-        if value is not None:
-            raise _unsupported("idle_timeout_ms")
-        return None
 
 
 class SemanticVad(_Strict):
@@ -482,7 +493,14 @@ SESSION_TYPES: dict[str, type[Session] | type[TranscriptionSession]] = {
 
 
 # Objects a session.update replaces whole (their omitted fields take the defaults), not merges.
-_REPLACED = frozenset({("audio", "input", "turn_detection"), ("audio", "input", "transcription")})
+_REPLACED = frozenset(
+    {
+        ("audio", "input", "turn_detection"),
+        ("audio", "input", "transcription"),
+        ("audio", "input", "format"),  # another format's fields are not this one's
+        ("audio", "output", "format"),
+    }
+)
 _SERVER_FIELDS = ("id", "object", "expires_at")
 
 
