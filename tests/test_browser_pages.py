@@ -968,6 +968,9 @@ def test_speech_reads_the_kind_of_an_error_not_its_words(page, quiet_url):
     slip.append(True)
     page.fill("#text", "Second.")
     page.click("#speak")  # a new session, then the refused message, then the utterance
+    # The state still says the first utterance's "done" until the page acts on the click: wait for
+    # the second utterance's input.done to be sent before reading it.
+    wait_until(page, lambda: [c["type"] for c in route.sent].count("input.done") == 2, "the second input.done")
     assert wait_state(page, "done|error") == "done", page.locator("#error").text_content()
     refused = route.errors()[1]
     assert refused["kind"] == "client_error" and refused["message"].startswith("Unknown message type")

@@ -440,5 +440,5 @@ async def test_a_stream_left_before_its_worker_accepted_is_still_aborted():
     await stream.aclose()
     owner = await layer.new_channel()
     await layer.send(submit["reply_to"], {"type": "engine.accepted", "request_id": "r-early", "owner": owner})
-    abort = await asyncio.wait_for(layer.receive(owner), 2)
+    abort = await asyncio.wait_for(layer.receive(owner), 30)
     assert abort == {"type": "engine.abort", "request_id": "r-early"}

@@ -116,7 +116,7 @@ def test_third_concurrent_request_is_refused(tiny):
 def test_abort_frees_capacity_and_promotes_the_queued_request(tiny):
     (active_id, active_sink), (queued_id, _) = fill(tiny)
     assert tiny.abort(active_id)
-    assert active_sink.ended.wait(2) and active_sink.end == {"type": "end", "status": "cancelled"}
+    assert active_sink.ended.wait(30) and active_sink.end == {"type": "end", "status": "cancelled"}
     stats = tiny.stats()
     assert (stats.active, stats.queued) == (1, 0)  # the queued request moved up
     third = Sink()

@@ -147,7 +147,7 @@ def _load(sched: Scheduler, factories: dict[str, Callable[[], Pipeline]], loadin
                 logger.exception("pipeline %s failed to load: its endpoints are unavailable, the others serve", name)
                 status.error = f"{type(exc).__name__}: {exc}"
                 status.state = "failed"
-                sched.pipeline_failed(name, status.error)
+                sched.pipeline_failed(name)
                 continue
             status.load_seconds = round(time.monotonic() - t0, 3)
             sched.add_pipeline(name, pipeline)

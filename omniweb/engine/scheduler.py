@@ -84,9 +84,8 @@ class Scheduler:
             max_batch=max(1, max_batch),
         )
         self._admission = Admission(workers=self._n_workers, budget=admit_budget, aim=self._policy.budget, clock=clock)
-        self._pipelines: dict[str, Pipeline] = {}
-        self._loading: set[str] = set()  # announced, models still loading: requests hear "starting"
-        self._failed: dict[str, str] = {}  # name -> why its models failed to load
+        self._pipelines: dict[str, Pipeline] = {}  # the ready ones
+        self._states: dict[str, PipelineState] = {}  # every announced one's
         self._max_active = max(1, max_active)
         self._max_queued = max(0, max_queued)
         self._batch_wait = max(0.0, batch_wait)
@@ -137,7 +136,7 @@ class Scheduler:
     def pipeline_loading(self, name: str) -> None:
         """``name``'s models are loading: its requests are refused as ``starting`` until it is added."""
         with self._cond:
-            self._loading.add(name)
+            self._states[name] = PipelineState.LOADING
 
     def add_pipeline(self, name: str, pipeline: Pipeline) -> None:
         """Measure the pipeline's costs (on the caller's thread: the loading one), then serve it."""
@@ -146,28 +145,19 @@ class Scheduler:
             if costs is not None:
                 self._admission.calibrate(name, costs)
             self._pipelines[name] = pipeline
-            self._loading.discard(name)
-            self._failed.pop(name, None)
+            self._states[name] = PipelineState.READY
             self._cond.notify_all()
 
-    def pipeline_failed(self, name: str, reason: str) -> None:
-        """``name`` could not load: its requests are refused as ``unavailable``; the others serve."""
+    def pipeline_failed(self, name: str) -> None:
+        """``name`` could not load (the loader keeps why): its requests are refused as ``unavailable``."""
         with self._cond:
-            self._loading.discard(name)
-            self._failed[name] = reason
+            self._states[name] = PipelineState.FAILED
             self._cond.notify_all()
 
     def pipeline_state(self, name: str) -> PipelineState | None:
         """None for a name never announced."""
         with self._cond:
-            return self._state_of(name)
-
-    def _state_of(self, name: str) -> PipelineState | None:
-        if name in self._pipelines:
-            return PipelineState.READY
-        if name in self._loading:
-            return PipelineState.LOADING
-        return PipelineState.FAILED if name in self._failed else None
+            return self._states.get(name)
 
     # -- requests -------------------------------------------------------------------------------
     def submit(self, request_id: str, request: EngineRequest, sink: Sink, reservation: int | None = None) -> None:
@@ -178,7 +168,7 @@ class Scheduler:
         name = request.pipeline
         with self._cond:
             pipeline = self._pipelines.get(name)
-            state = None if pipeline is not None else self._state_of(name)
+            state = self._states.get(name)
         if state is PipelineState.LOADING:
             raise AdmissionError(STARTING_MESSAGE, ErrorKind.STARTING)
         if state is PipelineState.FAILED:
@@ -234,8 +224,7 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         with self._cond:
-            names = (*self._pipelines, *self._loading, *self._failed)
-            states = {name: state for name in names if (state := self._state_of(name)) is not None}
+            states = dict(self._states)
             return SchedulerStats(
                 active=len(self._active),
                 queued=len(self._queued),

@@ -342,6 +342,7 @@ async function speak() {
   }
   if (page.phase.is("starting", "speaking", "finishing")) return; // one utterance at a time
   page.phase.move("starting");
+  setState("starting", "Starting…"); // at once: the click is seen before the player and session are ready
   clearTimeout(page.live.timer);
   page.live.timer = undefined;
   let player;
