@@ -290,10 +290,17 @@ async def test_a_function_call_round_trip_ends_in_a_spoken_answer(conn: Any, bas
         )
     finally:
         await client.close()
-    written = words(transcript)
+    # SmolLM2-135M sometimes answers a tool's output with a degenerate string ("A: A: A: ..."; once in
+    # a full CI run): the plumbing under test is that what is heard is what was written, whatever it is.
+    written = words(transcript) or letters(transcript)
     assert written, transcript
-    share = len(written & words(heard.text)) / len(written)
+    share = len(written & (words(heard.text) | letters(heard.text))) / len(written)
     assert share >= 0.5, (transcript, heard.text)
+
+
+def letters(text: str) -> set[str]:
+    """Every run of letters, lower case (for an answer with no word of three letters)."""
+    return set(re.findall(r"[a-z]+", text.lower()))
 
 
 async def test_a_named_tool_choice_calls_that_function(conn: Any) -> None:
