@@ -26,15 +26,15 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import av
-import numpy as np
 
 from omniweb.base.errors import EngineError, ErrorKind
 from omniweb.engine.client import EngineClient
 from omniweb.engine.messages import End, TurnProbabilities, VoiceProbabilities
 from omniweb.engine.requests import EndOfTurnRequest, VadRequest
+from omniweb.media.pcm import frames_pcm16, pcm16_frame
 
 logger = logging.getLogger(__name__)
 
@@ -328,7 +328,4 @@ class _Resampler:
     def push(self, pcm: bytes) -> bytes:
         if not pcm:
             return b""
-        frame = av.AudioFrame.from_ndarray(np.frombuffer(pcm, "<i2").reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = self._rate
-        out: list[Any] = [f.to_ndarray().reshape(-1) for f in self._av.resample(frame)]
-        return b"".join(a.astype("<i2").tobytes() for a in out)
+        return frames_pcm16(self._av.resample(pcm16_frame(pcm, self._rate)))

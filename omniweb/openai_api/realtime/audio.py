@@ -15,9 +15,9 @@ import binascii
 from typing import cast
 
 import av
-import numpy as np
 
 from omniweb.conversation.audio import resample_pcm16
+from omniweb.media.pcm import frames_pcm16, pcm16_frame
 
 from .errors import RealtimeError
 
@@ -60,16 +60,6 @@ def to_engine_rate(pcm24: bytes) -> bytes:
     return resample_pcm16(pcm24, SAMPLE_RATE, ENGINE_RATE)
 
 
-def _frame(pcm: bytes, rate: int) -> av.AudioFrame:
-    frame = av.AudioFrame.from_ndarray(np.frombuffer(pcm, "<i2").reshape(1, -1), format="s16", layout="mono")
-    frame.sample_rate = rate
-    return frame
-
-
-def _pcm(frames: list[av.AudioFrame]) -> bytes:
-    return b"".join(f.to_ndarray().astype("<i2").tobytes() for f in frames)
-
-
 class InputDecoder:
     """A stream of input audio in the session's format → PCM16 24 kHz, one piece at a time."""
 
@@ -99,11 +89,11 @@ class InputDecoder:
         if not data:
             return b""
         resampler = self._resampler
-        return _pcm([out for frame in self._codec.decode(av.Packet(data)) for out in resampler.resample(frame)])
+        return frames_pcm16([out for frame in self._codec.decode(av.Packet(data)) for out in resampler.resample(frame)])
 
     def flush(self) -> bytes:
         """What the resampler still holds (the end of a whole clip); the decoder is then spent."""
-        return _pcm(self._resampler.resample(None)) if self._resampler is not None else b""
+        return frames_pcm16(self._resampler.resample(None)) if self._resampler is not None else b""
 
 
 class OutputEncoder:
@@ -130,7 +120,7 @@ class OutputEncoder:
     def encode(self, pcm24: bytes) -> bytes:
         if self._resampler is None or not pcm24:
             return pcm24
-        return self._encode(self._resampler.resample(_frame(pcm24, SAMPLE_RATE)))
+        return self._encode(self._resampler.resample(pcm16_frame(pcm24, SAMPLE_RATE)))
 
     def flush(self) -> bytes:
         """The last samples the resampler held (the end of the audio); the encoder is then spent."""

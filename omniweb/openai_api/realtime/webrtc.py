@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import av
-import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
@@ -46,6 +45,7 @@ from omniweb.base.errors import ErrorKind
 from omniweb.base.protocol import dumps
 from omniweb.base.tasks import spawn
 from omniweb.engine.client import EngineClient
+from omniweb.media.pcm import frames_pcm16, pcm16_frame
 
 from . import server_events
 from .audio import SAMPLE_RATE
@@ -146,8 +146,7 @@ class AnswerTrack(MediaStreamTrack):
             if wait > 0:
                 await asyncio.sleep(wait)
         pcm = await self._take()
-        frame = av.AudioFrame.from_ndarray(np.frombuffer(pcm, "<i2").reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = SAMPLE_RATE
+        frame = pcm16_frame(pcm, SAMPLE_RATE)
         frame.pts = self._pts
         frame.time_base = TIME_BASE
         return frame
@@ -313,7 +312,7 @@ class Call:
                 return
             assert isinstance(frame, av.AudioFrame)
             for out in resampler.resample(frame):
-                await self.session.hear(out.to_ndarray().tobytes())
+                await self.session.hear(frames_pcm16([out]))
 
     async def _on_connection_state(self) -> None:
         state = self.pc.connectionState
